@@ -1,0 +1,189 @@
+"""Tiny, deterministic Qwen3.5 checkpoints and a character-level tokenizer, built locally.
+
+No hub is reachable at run time, so the embedded demo and every test build their models here with
+``save_pretrained``. The shapes keep both layer types (3 Gated DeltaNet + 1 full attention per block of
+four) so every Qwen3.5-specific code path is exercised, just small enough for a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import string
+from pathlib import Path
+
+import torch
+
+# Special tokens in the order Qwen-style chat templates use them. The VL markers are present so the same
+# tokenizer serves text and vision-language tiny models.
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<unk>",
+]
+# XML tool-call markup is spelled with characters, but these short pieces keep tool-calling prompts short.
+WORD_TOKENS = ["<function=", "</function>", "<parameter=", "</parameter>"]
+CHARS = list(string.ascii_letters + string.digits + string.punctuation + " \n\t")
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "utils" / "chat_templates"
+
+
+def tiny_vocab() -> dict[str, int]:
+    tokens = SPECIAL_TOKENS + WORD_TOKENS + CHARS
+    return {tok: i for i, tok in enumerate(tokens)}
+
+
+def default_chat_template() -> str:
+    return (TEMPLATE_DIR / "qwen3_5.jinja").read_text()
+
+
+def build_tiny_tokenizer(path: str | os.PathLike | None = None, chat_template: str | None = None):
+    """A character-level fast tokenizer with Qwen's special tokens and a Qwen3.5-style chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = tiny_vocab()
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # Multi-character word tokens first, then one token per character.
+    pieces = "|".join(re.escape(w) for w in WORD_TOKENS)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(f"{pieces}|(?m:.)"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|endoftext|>", "<|im_end|>", "<unk>")],
+    )
+    fast.chat_template = chat_template if chat_template is not None else default_chat_template()
+    if path is not None:
+        fast.save_pretrained(str(path))
+    return fast
+
+
+def _pad_vocab(n: int, multiple: int = 16) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def tiny_text_config_kwargs(**overrides) -> dict:
+    """Keyword arguments for a Qwen3_5TextConfig / Qwen3_5MoeTextConfig of demo size."""
+    vocab = tiny_vocab()
+    kw = dict(
+        vocab_size=_pad_vocab(len(vocab)),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        pad_token_id=vocab["<|endoftext|>"],
+        eos_token_id=vocab["<|im_end|>"],
+        bos_token_id=None,
+    )
+    kw.update(overrides)
+    n = kw["num_hidden_layers"]
+    if len(kw["layer_types"]) != n:
+        kw["layer_types"] = [("full_attention" if (i + 1) % 4 == 0 else "linear_attention") for i in range(n)]
+    return kw
+
+
+def build_tiny_qwen3_5(
+    path: str | os.PathLike | None = None,
+    kind: str = "dense",
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    with_tokenizer: bool = True,
+    **overrides,
+):
+    """Build (and optionally save) a tiny random Qwen3.5 model.
+
+    kind: ``dense`` (Qwen3_5ForCausalLM), ``moe`` (Qwen3_5MoeForCausalLM), ``vl``
+    (Qwen3_5ForConditionalGeneration) or ``vl_moe`` (Qwen3_5MoeForConditionalGeneration).
+    Returns the model; with ``path`` the checkpoint (and tokenizer) are written there.
+    """
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    moe_kw = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    if kind == "dense":
+        cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**overrides))
+        cfg.architectures = ["Qwen3_5ForCausalLM"]
+        model = tf.Qwen3_5ForCausalLM(cfg)
+    elif kind == "moe":
+        text = tiny_text_config_kwargs(**{**moe_kw, **overrides})
+        text.pop("intermediate_size", None)
+        cfg = tf.Qwen3_5MoeTextConfig(**text)
+        cfg.architectures = ["Qwen3_5MoeForCausalLM"]
+        model = tf.Qwen3_5MoeForCausalLM(cfg)
+    elif kind in ("vl", "vl_moe"):
+        vocab = tiny_vocab()
+        text = tiny_text_config_kwargs(**({**moe_kw, **overrides} if kind == "vl_moe" else overrides))
+        text["tie_word_embeddings"] = False  # VL checkpoints keep a separate lm_head
+        # mRoPE splits the rotary half-dim (head_dim * partial_rotary_factor / 2 = 2) across t/h/w sections.
+        text["rope_parameters"] = {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [1, 1, 0],
+            "mrope_interleaved": True,
+        }
+        if kind == "vl_moe":
+            text.pop("intermediate_size", None)
+        vision = dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            in_channels=3,
+            patch_size=4,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=text["hidden_size"],
+            num_position_embeddings=64,
+        )
+        cfg_cls = tf.Qwen3_5Config if kind == "vl" else tf.Qwen3_5MoeConfig
+        cfg = cfg_cls(
+            text_config=text,
+            vision_config=vision,
+            image_token_id=vocab["<|image_pad|>"],
+            video_token_id=vocab["<|video_pad|>"],
+            vision_start_token_id=vocab["<|vision_start|>"],
+            vision_end_token_id=vocab["<|vision_end|>"],
+            tie_word_embeddings=False,
+        )
+        arch = "Qwen3_5ForConditionalGeneration" if kind == "vl" else "Qwen3_5MoeForConditionalGeneration"
+        cfg.architectures = [arch]
+        model = getattr(tf, arch)(cfg)
+    else:
+        raise ValueError(f"unknown tiny model kind {kind!r}; expected dense, moe, vl or vl_moe")
+    model = model.to(dtype)
+    model.eval()
+    if path is not None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(path))
+        if with_tokenizer:
+            build_tiny_tokenizer(path)
+        (path / "tiny_model.json").write_text(json.dumps({"kind": kind, "seed": seed}))
+    return model

@@ -1,0 +1,101 @@
+"""The one interface every rollout engine implements (hf built in; vLLM and SGLang as optional extras).
+
+Token ids go in; token ids, per-token rollout log-probs and finish reasons come out. Engines know nothing
+about DataProto, padding or the trainer: ``verl.workers.rollout.batching`` turns a prompt batch into
+engine requests and engine outputs back into the trainer's tensors, so every engine shares that logic.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """Per-call sampling settings; ``top_k`` of 0 or -1 disables top-k, ``temperature`` 0 means greedy."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: Optional[int] = None
+    # Return log-probs of the sampled tokens (after temperature scaling, like vLLM's processed_logprobs).
+    logprobs: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class GenerationOutput:
+    """One sampled continuation of one prompt."""
+
+    token_ids: list[int]
+    log_probs: Optional[list[float]] = None
+    finish_reason: str = "length"  # "stop" (EOS or stop id), "length" (max_tokens) or "abort"
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt: its token ids and, for vision-language models, the processor outputs for its images."""
+
+    prompt_token_ids: list[int]
+    multi_modal_data: Optional[dict[str, Any]] = None
+
+
+class BaseRollout(ABC):
+    """A generation engine. Constructed on the worker that owns the actor (colocated hybrid engine)."""
+
+    @abstractmethod
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[GenerationOutput]]:
+        """Sample ``params.n`` continuations for each request; returns one list of outputs per request."""
+
+    @abstractmethod
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], **kwargs) -> None:
+        """Load new weights given as (HF parameter name, full tensor) pairs.
+
+        Keyword ``lora`` (a dict with ``peft_config`` and ``lora_int_id``) marks the tensors as a LoRA adapter.
+        """
+
+    def sleep(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Release device memory held for the given tags (no-op for engines without sleep support)."""
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Re-acquire what :meth:`sleep` released."""
+
+
+_ROLLOUT_REGISTRY: dict[str, str] = {
+    "hf": "verl.workers.rollout.hf_rollout.HFRollout",
+    "vllm": "verl.workers.rollout.vllm_rollout.vllm_rollout.vLLMRollout",
+}
+
+_EXTRA_FOR = {"vllm": "vllm", "sglang": "sglang"}
+
+
+def register_rollout(name: str, qualified_class_name: str) -> None:
+    """Make ``actor_rollout_ref.rollout.name=<name>`` resolve to a user-provided engine class."""
+    _ROLLOUT_REGISTRY[name] = qualified_class_name
+
+
+def get_rollout_class(name: str) -> type[BaseRollout]:
+    if name not in _ROLLOUT_REGISTRY:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.name={name!r} is not a known rollout engine; "
+            f"choose one of {sorted(_ROLLOUT_REGISTRY)}"
+        )
+    module_name, cls_name = _ROLLOUT_REGISTRY[name].rsplit(".", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        extra = _EXTRA_FOR.get(name)
+        hint = f" Install it with `pip install -e .[{extra}]`." if extra else ""
+        raise ImportError(f"rollout engine {name!r} could not be imported ({e}).{hint}") from e
+    return getattr(module, cls_name)
