@@ -1,0 +1,359 @@
+"""The PPO/GRPO step loop on the controller.
+
+Per step, in upstream verl's order: generate -> reward -> old log-prob -> ref log-prob -> values ->
+advantage -> critic update -> actor update (which also syncs rollout weights) -> checkpoint ->
+validation -> logging. The controller only moves DataProto batches between worker groups; it never
+touches model weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.core_algos import AdvantageEstimator
+from verl.trainer.ppo.dataloader import StepDataLoader
+from verl.trainer.ppo.kl import apply_kl_penalty
+from verl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_throughout_metrics,
+    compute_timing_metrics,
+    flatten_validation_metrics,
+    process_validation_metrics,
+    reduce_metrics,
+)
+from verl.trainer.ppo.reward import compute_reward
+
+logger = logging.getLogger(__name__)
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+
+
+@contextmanager
+def marked_timer(name: str, timing: dict):
+    t0 = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
+
+
+def compute_response_mask(data: DataProto) -> torch.Tensor:
+    response_length = data.batch["responses"].size(1)
+    return data.batch["attention_mask"][:, -response_length:]
+
+
+def compute_advantage(data: DataProto, adv_estimator, gamma: float = 1.0, lam: float = 1.0, num_repeat: int = 1,
+                      norm_adv_by_std_in_grpo: bool = True, config=None) -> DataProto:
+    """Fill ``advantages`` and ``returns`` using the configured estimator."""
+    if "response_mask" not in data.batch.keys():
+        data.batch["response_mask"] = compute_response_mask(data)
+    name = adv_estimator.value if isinstance(adv_estimator, AdvantageEstimator) else str(adv_estimator)
+    rewards, mask = data.batch["token_level_rewards"], data.batch["response_mask"]
+    if name == AdvantageEstimator.GAE.value:
+        adv, ret = core_algos.compute_gae_advantage_return(token_level_rewards=rewards, values=data.batch["values"],
+                                                           response_mask=mask, gamma=gamma, lam=lam)
+    else:
+        fn = core_algos.get_adv_estimator_fn(name)
+        kwargs = {"token_level_rewards": rewards, "response_mask": mask, "config": config}
+        if "uid" in data.non_tensor_batch:
+            kwargs["index"] = data.non_tensor_batch["uid"]
+        if name in (AdvantageEstimator.GRPO.value, AdvantageEstimator.GRPO_VECTORIZED.value):
+            kwargs["norm_adv_by_std_in_grpo"] = norm_adv_by_std_in_grpo
+        if "reward_baselines" in data.batch.keys():
+            kwargs["reward_baselines"] = data.batch["reward_baselines"]
+        adv, ret = fn(**kwargs)
+    data.batch["advantages"] = adv
+    data.batch["returns"] = ret
+    return data
+
+
+class RayPPOTrainer:
+    """Drives worker groups through PPO steps. ``worker_groups`` maps role -> worker group."""
+
+    def __init__(self, config, tokenizer, worker_groups: dict, train_dataset, val_dataset, collate_fn,
+                 reward_fn, val_reward_fn, processor=None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.wgs = worker_groups
+        self.actor_rollout_wg = worker_groups["actor_rollout"]
+        self.critic_wg = worker_groups.get("critic")
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.train_dataset = train_dataset
+        self.val_dataset = val_dataset
+        self.collate_fn = collate_fn
+        algo = config.algorithm
+        self.use_critic = algo.adv_estimator == AdvantageEstimator.GAE.value
+        self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+        self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
+        data = config.data
+        self.train_dataloader = StepDataLoader(train_dataset, batch_size=data.train_batch_size, collate_fn=collate_fn,
+                                               shuffle=data.get("shuffle", True), seed=data.get("seed", 1) or 1)
+        val_bs = data.get("val_batch_size") or len(val_dataset) if val_dataset is not None else 0
+        self.val_dataloader = (StepDataLoader(val_dataset, batch_size=val_bs, collate_fn=collate_fn, shuffle=False,
+                                              drop_last=False) if val_dataset is not None else None)
+        self.total_training_steps = self._total_steps()
+        self.global_steps = 0
+        self.world_size = self.actor_rollout_wg.world_size
+
+    def _total_steps(self) -> int:
+        per_epoch = len(self.train_dataloader)
+        if per_epoch == 0:
+            raise ValueError(f"the training set has {len(self.train_dataset)} rows, fewer than data.train_batch_size="
+                             f"{self.config.data.train_batch_size}; lower the batch size or add data")
+        total = per_epoch * self.config.trainer.total_epochs
+        if self.config.trainer.get("total_training_steps"):
+            total = int(self.config.trainer.total_training_steps)
+        return total
+
+    # ------------------------------------------------------------------ helpers
+    def _dp_call(self, method, data: DataProto) -> DataProto:
+        """Call a DP_COMPUTE_PROTO method with the batch padded to a multiple of the world size."""
+        padded, pad = pad_dataproto_to_divisor(data, self.world_size)
+        out = method(padded)
+        return unpad_dataproto(out, pad)
+
+    @staticmethod
+    def _gen_batch(batch: DataProto) -> DataProto:
+        """The part of a training batch the rollout needs; everything else stays on the controller."""
+        keep = [k for k in ("raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "raw_prompt", "tools_kwargs",
+                            "interaction_kwargs", "agent_name", "index", "uid") if k in batch.non_tensor_batch]
+        return batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=keep,
+                            deepcopy=False)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _ckpt_root(self) -> str:
+        return os.path.abspath(os.path.expanduser(self.config.trainer.default_local_dir))
+
+    def _save_checkpoint(self) -> None:
+        root = self._ckpt_root()
+        step_dir = os.path.join(root, f"global_step_{self.global_steps}")
+        self.actor_rollout_wg.save_checkpoint(os.path.join(step_dir, "actor"), global_step=self.global_steps)
+        if self.use_critic:
+            self.critic_wg.save_checkpoint(os.path.join(step_dir, "critic"), global_step=self.global_steps)
+        tmp = os.path.join(step_dir, "data.pt.tmp")
+        torch.save(self.train_dataloader.state_dict(), tmp)
+        os.replace(tmp, os.path.join(step_dir, "data.pt"))
+        # Mark the step as latest only once every part is on disk; a crash before this keeps the old mark.
+        marker_tmp = os.path.join(root, LATEST_FILE + ".tmp")
+        with open(marker_tmp, "w") as f:
+            f.write(str(self.global_steps))
+        os.replace(marker_tmp, os.path.join(root, LATEST_FILE))
+        self._prune_checkpoints(root)
+
+    def _prune_checkpoints(self, root: str) -> None:
+        keep = self.config.trainer.get("max_actor_ckpt_to_keep")
+        if not keep or keep <= 0:
+            return
+        steps = sorted(int(d.split("_")[-1]) for d in os.listdir(root) if d.startswith("global_step_"))
+        for s in steps[:-keep]:
+            shutil.rmtree(os.path.join(root, f"global_step_{s}"), ignore_errors=True)
+
+    def _find_resume_dir(self) -> Optional[str]:
+        mode = self.config.trainer.resume_mode
+        if mode == "disable":
+            return None
+        if mode == "resume_path":
+            path = self.config.trainer.get("resume_from_path")
+            if not path or "global_step_" not in os.path.basename(os.path.normpath(path)):
+                raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path pointing at a "
+                                 f".../global_step_N directory (got {path!r})")
+            return os.path.abspath(os.path.expanduser(path))
+        if mode != "auto":
+            raise ValueError(f"trainer.resume_mode={mode!r}; expected auto, disable or resume_path")
+        marker = os.path.join(self._ckpt_root(), LATEST_FILE)
+        if not os.path.exists(marker):
+            return None
+        with open(marker) as f:
+            step = int(f.read().strip())
+        return os.path.join(self._ckpt_root(), f"global_step_{step}")
+
+    def _load_checkpoint(self) -> None:
+        step_dir = self._find_resume_dir()
+        if step_dir is None:
+            return
+        if not os.path.isdir(step_dir):
+            raise FileNotFoundError(f"checkpoint directory {step_dir} does not exist")
+        self.global_steps = int(os.path.basename(os.path.normpath(step_dir)).split("_")[-1])
+        print(f"Resuming from {step_dir} (global step {self.global_steps})", flush=True)
+        self.actor_rollout_wg.load_checkpoint(os.path.join(step_dir, "actor"))
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(os.path.join(step_dir, "critic"))
+        data_file = os.path.join(step_dir, "data.pt")
+        if os.path.exists(data_file):
+            self.train_dataloader.load_state_dict(torch.load(data_file, weights_only=False))
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> dict[str, float]:
+        if self.val_dataloader is None or self.val_reward_fn is None:
+            return {}
+        vk = self.config.actor_rollout_ref.rollout.val_kwargs
+        sources, uids, scores = [], [], []
+        extra: dict[str, list] = {}
+        for batch_dict in self.val_dataloader.epoch_iter(0):
+            batch = DataProto.from_single_dict(batch_dict)
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            batch = batch.repeat(repeat_times=vk.n, interleave=True)
+            gen = self._gen_batch(batch)
+            gen.meta_info = {"validate": True, "do_sample": vk.do_sample, "global_steps": self.global_steps}
+            out = self._dp_call(self.actor_rollout_wg.generate_sequences, gen)
+            batch = self._merge_generation(batch, out)
+            reward, infos = compute_reward(batch, self.val_reward_fn)
+            scores.extend(reward.sum(-1).tolist())
+            for k, v in infos.items():
+                extra.setdefault(k, []).extend(list(v))
+            sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
+            uids.extend(batch.non_tensor_batch["uid"].tolist())
+        infos = {"reward": scores, **{k: v for k, v in extra.items() if len(v) == len(scores)}}
+        return flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
+
+    @staticmethod
+    def _merge_generation(batch: DataProto, gen_out: DataProto) -> DataProto:
+        for k in ("input_ids", "attention_mask", "position_ids"):
+            batch.batch.pop(k)
+        return batch.union(gen_out)
+
+    # ------------------------------------------------------------------ main loop
+    def fit(self, tracker=None) -> dict[str, Any]:
+        cfg = self.config
+        self._load_checkpoint()
+        last_val: dict[str, float] = {}
+        if cfg.trainer.get("val_before_train", True) and self.val_reward_fn is not None:
+            last_val = self._validate()
+            if tracker is not None and last_val:
+                tracker.log(last_val, step=self.global_steps)
+            if cfg.trainer.get("val_only", False):
+                return last_val
+        progress = _progress(self.total_training_steps, self.global_steps)
+        history: list[dict] = []
+        self.global_steps += 1
+        while self.global_steps <= self.total_training_steps:
+            for batch_dict in self.train_dataloader:
+                if self.global_steps > self.total_training_steps:
+                    break
+                metrics = self._train_step(batch_dict)
+                is_last = self.global_steps >= self.total_training_steps
+                save_freq = cfg.trainer.get("save_freq", -1)
+                if save_freq and save_freq > 0 and (is_last or self.global_steps % save_freq == 0):
+                    with marked_timer("save_checkpoint", self._timing):
+                        self._save_checkpoint()
+                    metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
+                test_freq = cfg.trainer.get("test_freq", -1)
+                if self.val_reward_fn is not None and test_freq and test_freq > 0 and (
+                        is_last or self.global_steps % test_freq == 0):
+                    last_val = self._validate()
+                    metrics.update(last_val)
+                metrics["training/global_step"] = self.global_steps
+                metrics["training/epoch"] = self.train_dataloader.epoch
+                if tracker is not None:
+                    tracker.log(metrics, step=self.global_steps)
+                history.append(metrics)
+                progress.update(1)
+                self.global_steps += 1
+        progress.close()
+        return {"history": history, "last_val": last_val}
+
+    def _train_step(self, batch_dict: dict) -> dict[str, Any]:
+        cfg = self.config
+        timing: dict[str, float] = {}
+        self._timing = timing
+        metrics: dict[str, Any] = {}
+        n = cfg.actor_rollout_ref.rollout.n
+        with marked_timer("step", timing):
+            batch = DataProto.from_single_dict(batch_dict)
+            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            batch = batch.repeat(repeat_times=n, interleave=True)
+            gen = self._gen_batch(batch)
+            gen.meta_info = {"global_steps": self.global_steps}
+            with marked_timer("gen", timing):
+                gen_out = self._dp_call(self.actor_rollout_wg.generate_sequences, gen)
+            metrics.update(gen_out.meta_info.pop("metrics", {}) or {})
+            gen_out.meta_info.pop("timing", None)
+            batch = self._merge_generation(batch, gen_out)
+            if "response_mask" not in batch.batch.keys():
+                batch.batch["response_mask"] = compute_response_mask(batch)
+            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+            with marked_timer("reward", timing):
+                scores, extra = compute_reward(batch, self.reward_fn)
+                batch.batch["token_level_scores"] = scores
+                for k, v in extra.items():
+                    if len(v) == len(batch):
+                        batch.non_tensor_batch[k] = np.array(v, dtype=object)
+            with marked_timer("old_log_prob", timing):
+                old = self._dp_call(self.actor_rollout_wg.compute_log_prob, batch)
+                if "entropys" in old.batch.keys():
+                    ent = old.batch.pop("entropys")
+                    metrics["actor/entropy"] = core_algos.agg_loss(
+                        ent, batch.batch["response_mask"].float(), cfg.actor_rollout_ref.actor.loss_agg_mode).item()
+                old.meta_info = {}
+                batch = batch.union(old)
+            if self.use_reference_policy:
+                with marked_timer("ref", timing):
+                    batch = batch.union(self._dp_call(self.actor_rollout_wg.compute_ref_log_prob, batch))
+            if self.use_critic:
+                with marked_timer("values", timing):
+                    batch = batch.union(self._dp_call(self.critic_wg.compute_values, batch))
+            with marked_timer("adv", timing):
+                if cfg.algorithm.use_kl_in_reward:
+                    batch, kl_metrics = apply_kl_penalty(batch, kl_ctrl=self.kl_ctrl_in_reward,
+                                                         kl_penalty=cfg.algorithm.kl_penalty)
+                    metrics.update(kl_metrics)
+                else:
+                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+                batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
+                                          lam=cfg.algorithm.lam, num_repeat=n,
+                                          norm_adv_by_std_in_grpo=cfg.algorithm.get("norm_adv_by_std_in_grpo", True),
+                                          config=cfg.algorithm)
+            if self.use_critic:
+                with marked_timer("update_critic", timing):
+                    metrics.update(_mean_over_ranks(self._metric_call(self.critic_wg.update_critic, batch)))
+            if self.global_steps > cfg.trainer.get("critic_warmup", 0):
+                with marked_timer("update_actor", timing):
+                    batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
+                    metrics.update(_mean_over_ranks(self._metric_call(self.actor_rollout_wg.update_actor, batch)))
+        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughout_metrics(batch, timing, n_gpus=self.world_size))
+        return metrics
+
+    def _metric_call(self, method, batch: DataProto):
+        padded, pad = pad_dataproto_to_divisor(batch, self.world_size)
+        if pad:
+            raise ValueError(f"the training batch ({len(batch)} responses) must divide by the world size "
+                             f"{self.world_size}; adjust data.train_batch_size or rollout.n")
+        return method(padded)
+
+
+def _mean_over_ranks(per_rank: list[dict]) -> dict[str, float]:
+    merged: dict[str, list] = {}
+    for m in per_rank:
+        for k, v in m.items():
+            merged.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+    return reduce_metrics(merged)
+
+
+class _NoProgress:
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, start: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoProgress()
+    return tqdm(total=total, initial=start, desc="Training Progress", dynamic_ncols=True)

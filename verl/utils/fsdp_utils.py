@@ -1,0 +1,93 @@
+"""FSDP2 helpers: wrap a HF model (one ``fully_shard`` unit per decoder layer), offload, full state dicts."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+logger = logging.getLogger(__name__)
+
+
+def create_device_mesh(world_size: int, fsdp_size: int, device_type: str) -> DeviceMesh:
+    """1-D mesh over all ranks, or a (ddp, fsdp) hybrid mesh when ``fsdp_size`` divides the world."""
+    if fsdp_size <= 0 or fsdp_size >= world_size:
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("fsdp",))
+    if world_size % fsdp_size != 0:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size {world_size}")
+    return init_device_mesh(device_type, (world_size // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks to shard one by one: decoder layers of the LM and, for VL models, vision blocks.
+
+    A MoE layer's experts live inside its decoder layer, so each layer's experts are gathered together.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        for m in model.modules():
+            if isinstance(m, torch.nn.ModuleList) and len(m) > 0 and all(hasattr(x, "forward") for x in m):
+                layers = list(m)
+                break
+    return layers
+
+
+def apply_fsdp2(model: torch.nn.Module, mesh: DeviceMesh, mixed_precision: MixedPrecisionPolicy | None,
+                param_offload: bool = False, reshard_after_forward: bool = True) -> torch.nn.Module:
+    kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if mixed_precision is not None:
+        kw["mp_policy"] = mixed_precision
+    if param_offload:
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    tie = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kw)
+    # Tied embeddings must stay in the root unit: sharding them separately would split one parameter.
+    if not tie:
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        if emb is not None:
+            fully_shard(emb, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def full_state_dict(module: torch.nn.Module, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+    """Gather every parameter/buffer to a full CPU tensor (all ranks take part; others get {} if rank0_only)."""
+    out = {}
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for name, t in module.state_dict().items():
+        full = t.full_tensor() if isinstance(t, DTensor) else t
+        if not rank0_only or rank == 0:
+            out[name] = full.detach().cpu()
+    return out
+
+
+@contextlib.contextmanager
+def gathered_for_inference(module: torch.nn.Module):
+    """Keep parameters unsharded across many forwards (generation), resharding once at the end."""
+    fsdp_mods = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    for m in fsdp_mods:
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in fsdp_mods:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+
+
+def offload_optimizer(optimizer: torch.optim.Optimizer, device: str = "cpu") -> None:
+    for state in optimizer.state.values():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                state[k] = v.to(device, non_blocking=True)
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, device) -> None:
+    offload_optimizer(optimizer, device)

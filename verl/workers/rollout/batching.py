@@ -1,0 +1,99 @@
+"""Prompt batch (DataProto) -> engine requests, and engine outputs -> the trainer's tensors.
+
+Shared by every engine so that padding, masks, position ids and rollout log-probs are laid out the same
+way whichever engine generated them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from verl.protocol import DataProto
+from verl.workers.rollout.base import BaseRollout, GenerationRequest, SamplingParams
+
+
+def sampling_params_from_config(rollout_cfg, meta_info: dict, eos_ids: list[int]) -> SamplingParams:
+    """Training rollouts use the rollout config; ``meta_info['validate']`` switches to ``val_kwargs``."""
+    if meta_info.get("validate", False):
+        vk = rollout_cfg.val_kwargs
+        do_sample = vk.get("do_sample", False)
+        temperature, top_p, top_k = vk.temperature, vk.top_p, vk.top_k
+    else:
+        do_sample = meta_info.get("do_sample", rollout_cfg.get("do_sample", True))
+        temperature, top_p, top_k = rollout_cfg.temperature, rollout_cfg.top_p, rollout_cfg.top_k
+    stop = [] if rollout_cfg.get("ignore_eos", False) else list(eos_ids)
+    return SamplingParams(
+        n=1,
+        temperature=float(temperature) if do_sample else 0.0,
+        top_p=float(top_p),
+        top_k=int(top_k) if top_k is not None else -1,
+        max_tokens=int(meta_info.get("response_length", rollout_cfg.response_length)),
+        stop_token_ids=stop,
+        seed=meta_info.get("seed"),
+    )
+
+
+def requests_from_batch(prompts: DataProto) -> list[GenerationRequest]:
+    ntb = prompts.non_tensor_batch
+    if "raw_prompt_ids" in ntb:
+        ids = [list(map(int, x)) for x in ntb["raw_prompt_ids"]]
+    else:
+        ids = [row[mask.bool()].tolist() for row, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"])]
+    mm = ntb.get("multi_modal_data")
+    mm_inputs = ntb.get("multi_modal_inputs")
+    reqs = []
+    for i, p in enumerate(ids):
+        data = None
+        if mm is not None and mm[i]:
+            data = dict(mm[i])
+            if mm_inputs is not None and mm_inputs[i]:
+                data["processor_outputs"] = mm_inputs[i]
+        reqs.append(GenerationRequest(prompt_token_ids=p, multi_modal_data=data))
+    return reqs
+
+
+def outputs_to_batch(prompts: DataProto, outputs, response_length: int, pad_token_id: int) -> DataProto:
+    """Right-pad responses, build full input_ids / attention_mask / position_ids and rollout log-probs."""
+    prompt_ids = prompts.batch["input_ids"]
+    prompt_mask = prompts.batch["attention_mask"]
+    prompt_pos = prompts.batch["position_ids"]
+    bsz = prompt_ids.size(0)
+    responses = torch.full((bsz, response_length), pad_token_id, dtype=prompt_ids.dtype)
+    response_mask = torch.zeros((bsz, response_length), dtype=prompt_mask.dtype)
+    rollout_lp = torch.zeros((bsz, response_length), dtype=torch.float32)
+    finish = []
+    for i, outs in enumerate(outputs):
+        out = outs[0]
+        toks = out.token_ids[:response_length]
+        n = len(toks)
+        responses[i, :n] = torch.tensor(toks, dtype=prompt_ids.dtype)
+        response_mask[i, :n] = 1
+        if out.log_probs is not None:
+            rollout_lp[i, :n] = torch.tensor(out.log_probs[:n], dtype=torch.float32)
+        finish.append(out.finish_reason)
+    # Positions continue after each prompt's last position (all mRoPE rows advance together for text tokens).
+    delta = torch.arange(1, response_length + 1, dtype=prompt_pos.dtype)
+    if prompt_pos.dim() == 3:
+        last = prompt_pos[..., -1:]
+        response_pos = last + delta.view(1, 1, -1)
+    else:
+        response_pos = prompt_pos[:, -1:] + delta.view(1, -1)
+    batch = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": torch.cat([prompt_ids, responses], dim=-1),
+        "attention_mask": torch.cat([prompt_mask, response_mask], dim=-1),
+        "position_ids": torch.cat([prompt_pos, response_pos], dim=-1),
+        "rollout_log_probs": rollout_lp,
+    }
+    return DataProto.from_dict(tensors=batch, non_tensors={"finish_reasons": np.array(finish, dtype=object)},
+                               meta_info=dict(prompts.meta_info))
+
+
+def generate_sequences(engine: BaseRollout, prompts: DataProto, rollout_cfg, eos_ids: list[int],
+                       pad_token_id: int) -> DataProto:
+    params = sampling_params_from_config(rollout_cfg, prompts.meta_info, eos_ids)
+    outputs = engine.generate(requests_from_batch(prompts), params)
+    return outputs_to_batch(prompts, outputs, params.max_tokens, pad_token_id)
