@@ -36,7 +36,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["verl", "verl.*"]),
-    package_data={"verl": ["version/version", "trainer/config/*.yaml", "trainer/config/**/*.yaml",
+    package_data={"verl": ["version/version", "trainer/config/*.yaml", "trainer/config/*.txt", "trainer/config/**/*.yaml",
                            "trainer/demo/*.json", "trainer/demo/*.jinja", "utils/chat_templates/*.jinja"]},
     include_package_data=True,
     install_requires=_reqs("requirements.txt"),

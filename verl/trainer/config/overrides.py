@@ -1,0 +1,344 @@
+"""Command-line override checking with helpful error messages.
+
+Hydra's own "key not in struct" error names the key but offers no guess at what was
+meant. ``check_overrides`` runs on the config composed *without* the value overrides
+and explains every bad override at once: a close valid key, the new home of a legacy
+key, or the fact that the key is an upstream verl option this project leaves out.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import functools
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = [
+    "CONFIG_DIR",
+    "ConfigKeyError",
+    "OPEN_DICT_PATTERNS",
+    "check_overrides",
+    "config_key_paths",
+    "split_overrides",
+    "upstream_only_keys",
+]
+
+CONFIG_DIR = Path(__file__).resolve().parent
+_UPSTREAM_KEYS_FILE = CONFIG_DIR / "upstream_keys.txt"
+
+# Nodes whose contents are free-form: `+path.new_key=value` may add keys below them.
+# Any node that is an empty mapping in the base config counts as open as well.
+OPEN_DICT_PATTERNS: tuple[str, ...] = (
+    "*.model.override_config",
+    "*.engine_kwargs.*",
+    "ray_kwargs.ray_init",
+    "data.apply_chat_template_kwargs",
+    "*.optim.override_optimizer_config",
+    "*.megatron.override_transformer_config",
+    "*.megatron.override_ddp_config",
+    "*.megatron.override_mcore_model_config",
+    "*.checkpoint.mbridge_config",
+)
+
+# Keys that upstream moved; the old spelling gets pointed at the new one.
+# Matching is by prefix, so a whole subtree can be redirected.
+_MOVED_PREFIXES: dict[str, str] = {
+    "reward_model.reward_manager": "reward.reward_manager.name",
+    "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.enable_resource_pool": "reward.reward_model.enable_resource_pool",
+    "reward_model.n_gpus_per_node": "reward.reward_model.n_gpus_per_node",
+    "reward_model.nnodes": "reward.reward_model.nnodes",
+    "reward_model.num_workers": "reward.num_workers",
+    "reward_model.model.path": "reward.reward_model.model_path",
+    "reward_model.rollout": "reward.reward_model.rollout",
+    "critic.model.fsdp_config": "critic.fsdp",
+    "actor_rollout_ref.rollout.val_kwargs.max_tokens": "actor_rollout_ref.rollout.response_length",
+}
+
+
+class ConfigKeyError(ValueError):
+    """One or more overrides name keys that the config does not have.
+
+    ``problems`` holds one message per bad override.
+    """
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        header = f"{len(self.problems)} invalid config override(s):"
+        super().__init__("\n".join([header] + [f"  - {p}" for p in self.problems]))
+
+
+@functools.lru_cache(maxsize=1)
+def upstream_only_keys() -> frozenset[str]:
+    """Dotted keys that upstream verl 0.9.1 has and this project does not."""
+    if not _UPSTREAM_KEYS_FILE.exists():
+        return frozenset()
+    lines = _UPSTREAM_KEYS_FILE.read_text().splitlines()
+    return frozenset(s.strip() for s in lines if s.strip() and not s.startswith("#"))
+
+
+# --------------------------------------------------------------------------- tree helpers
+
+
+def _as_tree(cfg: Any) -> Any:
+    # A plain container without resolving: interpolations and ??? must not be evaluated here.
+    if isinstance(cfg, (DictConfig,)) or OmegaConf.is_config(cfg):
+        return OmegaConf.to_container(cfg, resolve=False)
+    return cfg
+
+
+_ABSENT = object()
+
+
+def _lookup(tree: Any, parts: Sequence[str]) -> Any:
+    node = tree
+    for part in parts:
+        if isinstance(node, dict):
+            if part not in node:
+                return _ABSENT
+            node = node[part]
+        elif isinstance(node, list):
+            try:
+                idx = int(part)
+            except ValueError:
+                return _ABSENT
+            if not -len(node) <= idx < len(node):
+                return _ABSENT
+            node = node[idx]
+        else:
+            return _ABSENT
+    return node
+
+
+def config_key_paths(cfg: Any) -> list[str]:
+    """Every dotted path in ``cfg`` (mapping nodes and leaves; list items are not expanded)."""
+    out: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out.append(path)
+            if isinstance(value, dict):
+                walk(value, path)
+
+    tree = _as_tree(cfg)
+    if isinstance(tree, dict):
+        walk(tree, "")
+    return out
+
+
+def _is_open(tree: Any, path: str) -> bool:
+    node = _lookup(tree, path.split(".")) if path else tree
+    if isinstance(node, dict) and not node:
+        return True
+    return any(fnmatch.fnmatchcase(path, pat) for pat in OPEN_DICT_PATTERNS)
+
+
+def _open_ancestor(tree: Any, parts: Sequence[str]) -> Optional[str]:
+    """The nearest existing ancestor of ``parts`` that accepts new keys, if any."""
+    for depth in range(len(parts) - 1, 0, -1):
+        prefix = parts[:depth]
+        node = _lookup(tree, prefix)
+        if node is _ABSENT:
+            continue
+        path = ".".join(prefix)
+        if node is None and any(fnmatch.fnmatchcase(path, p) for p in OPEN_DICT_PATTERNS):
+            return path  # a free-form node that is currently null
+        if isinstance(node, dict) and _is_open(tree, path):
+            return path
+        # Walk further up: keys may be added anywhere inside an open subtree.
+    return None
+
+
+# --------------------------------------------------------------------------- suggestions
+
+
+def _suggest(key: str, tree: Any, paths: Sequence[str], limit: int = 3) -> list[str]:
+    """Likely intended keys, best first. Earlier strategies are more specific, so they win."""
+    parts = key.split(".")
+    found: list[str] = []
+
+    def add(candidates: Iterable[str]) -> None:
+        for cand in candidates:
+            if cand != key and cand not in found:
+                found.append(cand)
+
+    # 1) Fix the first unknown component among its siblings under the deepest existing
+    #    ancestor (catches `optim.lrr` -> `optim.lr` and `actr.ppo_epochs` -> `actor.ppo_epochs`).
+    depth = 0
+    while depth < len(parts) and _lookup(tree, parts[: depth + 1]) is not _ABSENT:
+        depth += 1
+    parent = _lookup(tree, parts[:depth]) if depth else tree
+    path_set = set(paths)
+    if depth < len(parts) and isinstance(parent, dict):
+        siblings = [str(k) for k in parent]
+        fixes = []
+        for match in difflib.get_close_matches(parts[depth], siblings, n=limit, cutoff=0.6):
+            fixed = ".".join(parts[:depth] + [match] + parts[depth + 1 :])
+            fixes.append(fixed if fixed in path_set else ".".join(parts[:depth] + [match]))
+        add(fixes)
+
+    # 2) The same leaf name living in another section (a key put in the wrong place).
+    leaf = parts[-1]
+    same_leaf = [p for p in paths if p.rsplit(".", 1)[-1] == leaf]
+    if 0 < len(same_leaf) <= 6:
+        add(sorted(same_leaf, key=lambda p: -difflib.SequenceMatcher(None, key, p).ratio()))
+
+    # 3) Whole-path similarity, only as a fallback; shared prefixes inflate the ratio,
+    #    so demand a high score, equal depth, and never suggest an ancestor of the key.
+    if not found:
+        peers = [p for p in paths if p.count(".") == key.count(".") and not key.startswith(p + ".")]
+        add(difflib.get_close_matches(key, peers, n=limit, cutoff=0.9))
+    return found[:limit]
+
+
+def _upstream_hint(key: str) -> bool:
+    known = upstream_only_keys()
+    if key in known:
+        return True
+    # A key inside a dropped subtree, or a whole dropped subtree given at once.
+    parts = key.split(".")
+    if any(".".join(parts[:i]) in known for i in range(1, len(parts))):
+        return True
+    return any(k.startswith(key + ".") for k in known)
+
+
+def _moved_hint(key: str, paths: set[str]) -> Optional[str]:
+    for old, new in _MOVED_PREFIXES.items():
+        if key == old or key.startswith(old + "."):
+            target = new + key[len(old) :]
+            if target in paths or new in paths:
+                return target if target in paths else new
+    return None
+
+
+def _engine_hint(key: str, tree: Any) -> str:
+    engine = tree.get("model_engine") if isinstance(tree, dict) else None
+    if ".megatron." in f".{key}." and engine != "megatron":
+        return " Megatron options need `model_engine=megatron` (or --config-name ppo_megatron_trainer)."
+    if (".fsdp_config." in f".{key}." or key.startswith("critic.fsdp.")) and engine == "megatron":
+        return " FSDP options need `model_engine=dp`."
+    return ""
+
+
+def _unknown_key_message(key: str, tree: Any, paths: Sequence[str]) -> str:
+    moved = _moved_hint(key, set(paths))
+    if moved is not None:
+        return f"`{key}` is a legacy key; it now lives at `{moved}`."
+    engine = _engine_hint(key, tree)
+    if engine:
+        return f"`{key}` is not in the current config.{engine}"
+    if _upstream_hint(key):
+        return f"`{key}` is an upstream verl option this project does not implement."
+    msg = f"`{key}` is not a config key."
+    suggestions = _suggest(key, tree, paths)
+    if suggestions:
+        msg += " Did you mean " + " or ".join(f"`{s}`" for s in suggestions) + "?"
+    return msg
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _parse(overrides: Iterable[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(list(overrides))
+
+
+def _is_group_override(ov, config_dir: Path) -> bool:
+    key = ov.key_or_group
+    if ov.package is not None or "/" in key:
+        return True
+    return "." not in key and (config_dir / key).is_dir()
+
+
+def _is_hydra_key(key: str) -> bool:
+    return key == "hydra" or key.startswith("hydra.") or key.startswith("hydra/")
+
+
+def split_overrides(overrides: Sequence[str], config_dir: Optional[Path] = None) -> tuple[list[str], list[str]]:
+    """Split overrides into (config-group choices such as ``model_engine=megatron``, value overrides)."""
+    config_dir = Path(config_dir) if config_dir is not None else CONFIG_DIR
+    groups: list[str] = []
+    values: list[str] = []
+    for text, ov in zip(overrides, _parse(overrides)):
+        (groups if _is_group_override(ov, config_dir) else values).append(text)
+    return groups, values
+
+
+# --------------------------------------------------------------------------- main entry
+
+
+def check_overrides(
+    cfg_without_overrides: Any,
+    overrides: Sequence[str],
+    config_dir: Optional[Path] = None,
+) -> None:
+    """Raise :class:`ConfigKeyError` if any override names a key ``cfg_without_overrides`` lacks.
+
+    Understands ``key=value``, ``+key=value`` (only below free-form nodes such as
+    ``override_config`` or ``engine_kwargs.vllm``), ``++key=value`` (set, or add below a
+    free-form node), ``~key`` (delete an existing key) and list / dict values. Config-group
+    choices (``model_engine=megatron``) and ``hydra.*`` keys are left to Hydra.
+    """
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import OverrideParseException
+
+    config_dir = Path(config_dir) if config_dir is not None else CONFIG_DIR
+    overrides = list(overrides)
+    try:
+        parsed = _parse(overrides)
+    except OverrideParseException as exc:
+        raise ConfigKeyError([f"could not parse overrides: {exc}"]) from exc
+
+    tree = _as_tree(cfg_without_overrides)
+    paths = config_key_paths(tree)
+    added: set[str] = set()  # keys created by earlier `+` overrides in the same list
+    problems: list[str] = []
+
+    for text, ov in zip(overrides, parsed):
+        key = ov.key_or_group
+        if _is_hydra_key(key) or _is_group_override(ov, config_dir):
+            continue
+        parts = key.split(".")
+        exists = _lookup(tree, parts) is not _ABSENT or key in added or any(key.startswith(a + ".") for a in added)
+        open_parent = _open_ancestor(tree, parts)
+
+        if ov.type == OverrideType.CHANGE:
+            if exists:
+                continue
+            if open_parent is not None:
+                problems.append(
+                    f"`{key}` does not exist yet; `{open_parent}` is free-form, so add it with `+{text}`."
+                )
+            else:
+                problems.append(_unknown_key_message(key, tree, paths))
+        elif ov.type == OverrideType.ADD:
+            if exists:
+                problems.append(f"`{key}` already exists; set it with `{text.lstrip('+')}` (no leading `+`).")
+            elif open_parent is not None:
+                added.add(key)
+            else:
+                problems.append(
+                    _unknown_key_message(key, tree, paths)
+                    + " (`+` may only add keys below free-form nodes such as override_config or engine_kwargs.*)"
+                )
+        elif ov.type == OverrideType.FORCE_ADD:
+            if exists:
+                continue
+            if open_parent is not None:
+                added.add(key)
+            else:
+                problems.append(_unknown_key_message(key, tree, paths))
+        elif ov.type == OverrideType.DEL:
+            if not exists:
+                problems.append(f"cannot delete `{key}`: " + _unknown_key_message(key, tree, paths))
+        else:  # pragma: no cover - Hydra has no other override types today
+            problems.append(f"unsupported override `{text}`")
+
+    if problems:
+        raise ConfigKeyError(problems)

@@ -1,0 +1,489 @@
+"""Semantic validation of a composed trainer config.
+
+``validate_config`` runs before any worker starts. It gathers every problem it finds and
+raises one :class:`ConfigValidationError` listing all of them, each naming the key to
+change and how; soft issues are emitted as :class:`ConfigWarning`.
+The batch-size rules mirror the ones upstream verl enforces in its trainer and config
+dataclasses, so a config that passes here will not trip them later.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterable, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+__all__ = [
+    "ConfigValidationError",
+    "ConfigWarning",
+    "compute_world_size",
+    "need_critic",
+    "need_reference_policy",
+    "validate_config",
+]
+
+ROLLOUT_NAMES = ("hf", "vllm", "sglang")
+TRAIN_STRATEGIES = ("fsdp", "fsdp2", "megatron")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+POLICY_LOSS_MODES = (
+    "vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo",
+)
+ADV_ESTIMATORS = (
+    "gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "opo", "grpo_passk",
+    "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo",
+)
+# Estimators whose baseline comes from the other samples of the same prompt.
+GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "rloo_vectorized", "grpo_vectorized",
+                    "reinforce_plus_plus_baseline", "gdpo")
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+TOOL_FORMATS = ("hermes", "qwen3_coder")
+TRUNCATION = ("error", "left", "right", "middle")
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+class ConfigValidationError(ValueError):
+    """The config is inconsistent; ``problems`` lists one message per issue."""
+
+    def __init__(self, problems: Iterable[str]):
+        self.problems = list(problems)
+        header = f"{len(self.problems)} problem(s) in the trainer config:"
+        super().__init__("\n".join([header] + [f"  - {p}" for p in self.problems]))
+
+
+class ConfigWarning(UserWarning):
+    """A legal but probably unintended setting."""
+
+
+_UNSET = object()
+
+
+class _Checker:
+    """Reads values defensively and records problems instead of stopping at the first."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.problems: list[str] = []
+        self.notes: list[str] = []
+
+    # -- reading ------------------------------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            value = OmegaConf.select(self.cfg, key, default=_UNSET, throw_on_missing=True)
+        except MissingMandatoryValue:
+            return _UNSET
+        except OmegaConfBaseException as exc:
+            self.fail(key, f"could not be resolved ({type(exc).__name__}: {exc})")
+            return _UNSET
+        if value is _UNSET:
+            return default
+        if OmegaConf.is_config(value):
+            return OmegaConf.to_container(value, resolve=True)
+        return value
+
+    def fail(self, key: str, message: str) -> None:
+        self.problems.append(f"`{key}` {message}")
+
+    def warn(self, message: str) -> None:
+        self.notes.append(message)
+
+    # -- typed checks (each returns the value, or None when it is unusable) ---------------
+    def integer(self, key: str, minimum: Optional[int] = None, allow_none: bool = False) -> Optional[int]:
+        value = self.get(key)
+        if value is _UNSET:
+            self.fail(key, "is required but not set.")
+            return None
+        if value is None:
+            if not allow_none:
+                self.fail(key, "must be an integer, got null.")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"must be an integer, got {value!r}.")
+            return None
+        if minimum is not None and value < minimum:
+            self.fail(key, f"must be >= {minimum}, got {value}.")
+            return None
+        return value
+
+    def number(self, key: str, low: Optional[float] = None, high: Optional[float] = None,
+               low_open: bool = False, high_open: bool = False) -> Optional[float]:
+        value = self.get(key)
+        if value is _UNSET or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(key, f"must be a number, got {value if value is not _UNSET else 'nothing'!r}.")
+            return None
+        bad_low = low is not None and (value <= low if low_open else value < low)
+        bad_high = high is not None and (value >= high if high_open else value > high)
+        if bad_low or bad_high:
+            lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
+            hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
+            self.fail(key, f"must be {' and '.join(x for x in (lo, hi) if x)}, got {value}.")
+            return None
+        return value
+
+    def choice(self, key: str, choices: Iterable[Any], allow_none: bool = False, hint: str = "") -> Any:
+        value = self.get(key)
+        choices = tuple(choices)
+        if value is _UNSET:
+            self.fail(key, f"is required: set it to one of {', '.join(map(str, choices))}.")
+            return None
+        if value is None and allow_none:
+            return None
+        if value not in choices:
+            self.fail(key, f"is {value!r}; valid values are {', '.join(map(str, choices))}.{hint}")
+            return None
+        return value
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.get(key, default)
+        return bool(value) if value is not _UNSET else default
+
+    def micro_batch_pair(self, section: str, base: str, dynamic_key: str) -> None:
+        """Exactly one of ``<base>`` (deprecated) and ``<base>_per_gpu`` unless dynamic batching."""
+        if self.flag(f"{section}.{dynamic_key}"):
+            return
+        legacy, per_gpu = f"{section}.{base}", f"{section}.{base}_per_gpu"
+        a, b = self.get(legacy), self.get(per_gpu)
+        a = None if a is _UNSET else a
+        b = None if b is _UNSET else b
+        # critic.ppo_micro_batch_size_per_gpu defaults to an interpolation of the legacy key;
+        # an inherited value is not a second, conflicting setting.
+        if a is not None and b is not None and b == a and _is_interpolation(self.cfg, per_gpu):
+            b = None
+        if a is None and b is None:
+            self.fail(per_gpu, f"must be set (or set `{section}.{dynamic_key}=true`): "
+                               f"it is the number of samples per forward pass on one GPU.")
+        elif a is not None and b is not None:
+            self.fail(legacy, f"and `{per_gpu}` are both set; remove the deprecated `{legacy}`.")
+
+
+def _is_interpolation(cfg: DictConfig, key: str) -> bool:
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    try:
+        return OmegaConf.is_config(node) and OmegaConf.is_interpolation(node, leaf)
+    except Exception:
+        return False
+
+
+def compute_world_size(cfg: DictConfig) -> int:
+    """Total trainer processes: ``trainer.nnodes * trainer.n_gpus_per_node``."""
+    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+
+
+def need_reference_policy(cfg: DictConfig) -> bool:
+    """A reference policy is needed whenever a KL term is used."""
+    return bool(OmegaConf.select(cfg, "algorithm.use_kl_in_reward", default=False)) or bool(
+        OmegaConf.select(cfg, "actor_rollout_ref.actor.use_kl_loss", default=False)
+    )
+
+
+def need_critic(cfg: DictConfig) -> bool:
+    """``critic.enable`` when set, otherwise true exactly for GAE."""
+    enable = OmegaConf.select(cfg, "critic.enable", default=None)
+    if enable is not None:
+        return bool(enable)
+    return OmegaConf.select(cfg, "algorithm.adv_estimator", default="gae") == "gae"
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _check_trainer(c: _Checker) -> Optional[int]:
+    nnodes = c.integer("trainer.nnodes", minimum=1)
+    per_node = c.integer("trainer.n_gpus_per_node", minimum=1)
+    c.integer("trainer.total_epochs", minimum=1)
+    c.integer("trainer.total_training_steps", minimum=1, allow_none=True)
+    launcher = c.choice("trainer.launcher", ("ray", "local"))
+    if launcher == "local" and nnodes is not None and nnodes != 1:
+        c.fail("trainer.nnodes", f"is {nnodes} but trainer.launcher=local runs on one node; use launcher=ray.")
+    mode = c.choice("trainer.resume_mode", ("auto", "disable", "resume_path"))
+    if mode == "resume_path" and not c.get("trainer.resume_from_path"):
+        c.fail("trainer.resume_from_path", "must point at a checkpoint when trainer.resume_mode=resume_path.")
+    c.choice("trainer.device", ("cuda", "npu", "cpu"))
+    c.integer("trainer.critic_warmup", minimum=0)
+    if nnodes is None or per_node is None:
+        return None
+    return nnodes * per_node
+
+
+def _check_data(c: _Checker) -> None:
+    c.integer("data.train_batch_size", minimum=1)
+    c.integer("data.max_prompt_length", minimum=1)
+    c.integer("data.max_response_length", minimum=1)
+    c.choice("data.truncation", TRUNCATION)
+    if c.get("data.val_batch_size") not in (None, _UNSET):
+        c.warn("data.val_batch_size is deprecated and ignored: validation data goes to the engine as one batch.")
+
+
+def _check_model(c: _Checker, prefix: str) -> None:
+    rank = c.integer(f"{prefix}.lora_rank", minimum=0)
+    if rank:
+        c.number(f"{prefix}.lora_alpha", low=0, low_open=True)
+    c.choice(f"{prefix}.fused_kernel_options.impl_backend", ("torch", "triton"))
+
+
+def _check_optim(c: _Checker, prefix: str, strategy: Optional[str]) -> None:
+    c.number(f"{prefix}.lr", low=0)
+    c.number(f"{prefix}.lr_warmup_steps_ratio", low=0, high=1)
+    if strategy in ("fsdp", "fsdp2"):
+        c.choice(f"{prefix}.lr_scheduler_type", ("constant", "cosine"))
+        c.choice(f"{prefix}.warmup_style", ("constant", "cosine"), allow_none=True,
+                 hint=f" It is deprecated; prefer {prefix}.lr_scheduler_type.")
+
+
+def _check_checkpoint(c: _Checker, prefix: str) -> None:
+    for key in ("save_contents", "load_contents"):
+        value = c.get(f"{prefix}.{key}")
+        if value in (None, _UNSET):
+            continue
+        bad = [v for v in value if v not in CHECKPOINT_CONTENTS]
+        if bad:
+            c.fail(f"{prefix}.{key}", f"has unknown entries {bad}; allowed: {', '.join(CHECKPOINT_CONTENTS)}.")
+
+
+def _parallel_dp_size(c: _Checker, section: str, strategy: str, world: int) -> Optional[int]:
+    """Data-parallel size of an actor/critic section, or None after reporting a problem."""
+    if strategy == "megatron":
+        keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+        sizes = [c.integer(f"{section}.megatron.{k}", minimum=1) for k in keys]
+        if None in sizes:
+            return None
+        model_parallel = sizes[0] * sizes[1] * sizes[2]
+        if c.get(f"{section}.megatron.virtual_pipeline_model_parallel_size") not in (None, _UNSET) and sizes[1] < 2:
+            c.fail(f"{section}.megatron.virtual_pipeline_model_parallel_size",
+                   "needs pipeline_model_parallel_size > 1; set it to null.")
+        if world % model_parallel:
+            c.fail(f"{section}.megatron.tensor_model_parallel_size",
+                   f"* pipeline * context parallel size ({model_parallel}) must divide the world size ({world}).")
+            return None
+        return world // model_parallel
+    sp = c.integer(f"{section}.ulysses_sequence_parallel_size", minimum=1)
+    if sp is None:
+        return None
+    if world % sp:
+        c.fail(f"{section}.ulysses_sequence_parallel_size", f"({sp}) must divide the world size ({world}).")
+        return None
+    return world // sp
+
+
+def _check_actor(c: _Checker, world: Optional[int]) -> None:
+    a = "actor_rollout_ref.actor"
+    strategy = c.choice(f"{a}.strategy", TRAIN_STRATEGIES)
+    mini = c.integer(f"{a}.ppo_mini_batch_size", minimum=1)
+    c.integer(f"{a}.ppo_epochs", minimum=1)
+    for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        c.number(f"{a}.{key}", low=0, low_open=True)
+    c.number(f"{a}.clip_ratio_c", low=1, low_open=True)
+    c.choice(f"{a}.loss_agg_mode", LOSS_AGG_MODES)
+    c.choice(f"{a}.policy_loss.loss_mode", POLICY_LOSS_MODES)
+    c.number(f"{a}.entropy_coeff")
+    if c.flag(f"{a}.use_kl_loss"):
+        _check_kl_name(c, f"{a}.kl_loss_type")
+        c.number(f"{a}.kl_loss_coef", low=0)
+    _check_optim(c, f"{a}.optim", strategy)
+    _check_checkpoint(c, f"{a}.checkpoint")
+
+    if strategy in ("fsdp", "fsdp2"):
+        sp = c.get(f"{a}.ulysses_sequence_parallel_size", 1)
+        if isinstance(sp, int) and sp > 1 and not c.flag(f"{a}.use_remove_padding"):
+            c.fail(f"{a}.ulysses_sequence_parallel_size",
+                   f"is {sp} but sequence parallelism needs `actor_rollout_ref.model.use_remove_padding=true`.")
+
+    if c.flag(f"{a}.use_dynamic_bsz"):
+        c.integer(f"{a}.ppo_max_token_len_per_gpu", minimum=1)
+        return
+    c.micro_batch_pair(a, "ppo_micro_batch_size", "use_dynamic_bsz")
+    train_bs = c.get("data.train_batch_size")
+    n = c.get("actor_rollout_ref.rollout.n")
+    if not all(isinstance(v, int) and v > 0 for v in (train_bs, n)) or mini is None or strategy is None:
+        return
+    if train_bs < mini:
+        c.fail(f"{a}.ppo_mini_batch_size",
+               f"({mini}) must be <= data.train_batch_size ({train_bs}); lower it or raise the batch size.")
+    elif train_bs % mini:
+        c.fail(f"{a}.ppo_mini_batch_size",
+               f"({mini}) must divide data.train_batch_size ({train_bs}) so every PPO step gets whole mini-batches.")
+    if world is None:
+        return
+    dp = _parallel_dp_size(c, a, strategy, world)
+    if dp is None:
+        return
+    per_gpu = c.get(f"{a}.ppo_micro_batch_size_per_gpu")
+    if strategy == "megatron":
+        if not isinstance(per_gpu, int):
+            return  # already reported by micro_batch_pair
+        minimal = dp * per_gpu
+    else:
+        minimal = world
+    if (train_bs * n) % minimal:
+        c.fail("data.train_batch_size",
+               f"* rollout.n = {train_bs * n} must be divisible by {minimal} "
+               f"({'data-parallel size * ppo_micro_batch_size_per_gpu' if strategy == 'megatron' else 'world size'}).")
+    mini_total = mini * n
+    if mini_total % dp:
+        c.fail(f"{a}.ppo_mini_batch_size",
+               f"* rollout.n = {mini_total} must be divisible by the data-parallel size ({dp}).")
+    elif isinstance(per_gpu, int) and per_gpu > 0 and (mini_total // dp) % per_gpu:
+        c.fail(f"{a}.ppo_micro_batch_size_per_gpu",
+               f"({per_gpu}) must divide the per-GPU mini-batch ({mini_total // dp} = "
+               f"ppo_mini_batch_size * rollout.n / data-parallel size).")
+    legacy = c.get(f"{a}.ppo_micro_batch_size")
+    if isinstance(legacy, int) and legacy > 0:
+        if mini % legacy:
+            c.fail(f"{a}.ppo_micro_batch_size", f"({legacy}) must divide ppo_mini_batch_size ({mini}).")
+        sp = c.get(f"{a}.ulysses_sequence_parallel_size", 1) if strategy != "megatron" else 1
+        if isinstance(sp, int) and legacy * sp < world:
+            c.fail(f"{a}.ppo_micro_batch_size",
+                   f"({legacy}) * ulysses_sequence_parallel_size ({sp}) must be >= the world size ({world}).")
+
+
+def _check_kl_name(c: _Checker, key: str) -> None:
+    value = c.get(key)
+    base = value[:-1] if isinstance(value, str) and value.endswith("+") else value
+    if base not in KL_ESTIMATORS:
+        c.fail(key, f"is {value!r}; valid values are {', '.join(KL_ESTIMATORS)} (optionally with a trailing '+').")
+
+
+def _check_rollout(c: _Checker, world: Optional[int]) -> None:
+    r = "actor_rollout_ref.rollout"
+    name = c.choice(f"{r}.name", ROLLOUT_NAMES)
+    c.choice(f"{r}.mode", ("async",), hint=" The sync rollout mode was removed upstream.")
+    n = c.integer(f"{r}.n", minimum=1)
+    c.number(f"{r}.temperature", low=0)
+    c.number(f"{r}.top_p", low=0, high=1, low_open=True)
+    c.integer(f"{r}.top_k", minimum=-1)
+    c.number(f"{r}.gpu_memory_utilization", low=0, high=1, low_open=True)
+    c.integer(f"{r}.val_kwargs.n", minimum=1)
+    if c.flag(f"{r}.val_kwargs.do_sample"):
+        temp = c.get(f"{r}.val_kwargs.temperature")
+        if not isinstance(temp, (int, float)) or temp <= 0:
+            c.fail(f"{r}.val_kwargs.temperature",
+                   f"is {temp!r} but val_kwargs.do_sample=true needs a temperature > 0 "
+                   "(or set val_kwargs.do_sample=false for greedy validation).")
+    max_len = c.get(f"{r}.max_model_len")
+    prompt, response = c.get(f"{r}.prompt_length"), c.get(f"{r}.response_length")
+    if isinstance(max_len, int) and isinstance(prompt, int) and isinstance(response, int):
+        if max_len < prompt + response:
+            c.fail(f"{r}.max_model_len", f"({max_len}) is smaller than prompt_length + response_length "
+                                         f"({prompt} + {response}); raise it or set it to null.")
+    if name in ("vllm", "sglang") and world is not None and c.flag("actor_rollout_ref.hybrid_engine", True):
+        sizes = [c.integer(f"{r}.{k}", minimum=1) for k in
+                 ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")]
+        if None not in sizes and world % (sizes[0] * sizes[1] * sizes[2]):
+            c.fail(f"{r}.tensor_model_parallel_size",
+                   f"* data_parallel_size * pipeline_model_parallel_size ({sizes[0] * sizes[1] * sizes[2]}) "
+                   f"must divide the world size ({world}).")
+    c.micro_batch_pair(r, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz")
+
+    mt = f"{r}.multi_turn"
+    c.choice(f"{mt}.format", TOOL_FORMATS)
+    c.choice(f"{mt}.tool_response_truncate_side", ("left", "right", "middle"))
+    c.choice(f"{mt}.tokenization_sanity_check_mode", ("strict", "ignore_strippable", "disable"))
+    c.integer(f"{mt}.max_parallel_calls", minimum=1)
+    c.integer(f"{r}.agent.num_workers", minimum=1)
+    if n == 1 and c.get("algorithm.adv_estimator") in GROUP_ESTIMATORS:
+        c.warn(f"algorithm.adv_estimator={c.get('algorithm.adv_estimator')} compares samples of the same prompt, "
+               "but actor_rollout_ref.rollout.n=1: every advantage will be zero. Set rollout.n > 1.")
+
+
+def _check_algorithm(c: _Checker) -> None:
+    g = "algorithm"
+    adv = c.choice(f"{g}.adv_estimator", ADV_ESTIMATORS)
+    c.number(f"{g}.gamma", low=0, high=1)
+    c.number(f"{g}.lam", low=0, high=1)
+    if c.flag(f"{g}.use_kl_in_reward"):
+        _check_kl_name(c, f"{g}.kl_penalty")
+        kind = c.choice(f"{g}.kl_ctrl.type", ("fixed", "adaptive"))
+        c.number(f"{g}.kl_ctrl.kl_coef", low=0)
+        if kind == "adaptive":
+            c.integer(f"{g}.kl_ctrl.horizon", minimum=1)
+            c.number(f"{g}.kl_ctrl.target_kl", low=0, low_open=True)
+        if c.flag("actor_rollout_ref.actor.use_kl_loss"):
+            c.warn("Both algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are on: "
+                   "the KL to the reference policy is penalised twice.")
+    enable = c.get("critic.enable")
+    if adv == "gae" and enable is False:
+        c.fail("critic.enable", "is false but algorithm.adv_estimator=gae needs a value model; "
+                                "set critic.enable=null or pick a critic-free estimator such as grpo.")
+    elif adv is not None and adv != "gae" and enable is True:
+        c.warn(f"critic.enable=true trains a critic that algorithm.adv_estimator={adv} never uses.")
+
+
+def _check_ref(c: _Checker) -> None:
+    if not need_reference_policy(c.cfg):
+        return
+    f = "actor_rollout_ref.ref"
+    c.choice(f"{f}.strategy", TRAIN_STRATEGIES)
+    c.micro_batch_pair(f, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz")
+
+
+def _check_critic(c: _Checker, world: Optional[int]) -> None:
+    try:
+        used = need_critic(c.cfg)
+    except OmegaConfBaseException:
+        used = True
+    if not used:
+        return
+    k = "critic"
+    strategy = c.choice(f"{k}.strategy", TRAIN_STRATEGIES)
+    c.number(f"{k}.cliprange_value", low=0, low_open=True)
+    if not _is_interpolation(c.cfg, f"{k}.loss_agg_mode"):  # inherited values were checked on the actor
+        c.choice(f"{k}.loss_agg_mode", LOSS_AGG_MODES)
+    _check_optim(c, f"{k}.optim", strategy)
+    _check_model(c, f"{k}.model")
+    _check_checkpoint(c, f"{k}.checkpoint")
+    if strategy in ("fsdp", "fsdp2"):
+        sp = c.get(f"{k}.ulysses_sequence_parallel_size", 1)
+        if isinstance(sp, int) and sp > 1 and not c.flag(f"{k}.model.use_remove_padding"):
+            c.fail(f"{k}.ulysses_sequence_parallel_size",
+                   f"is {sp} but sequence parallelism needs `critic.model.use_remove_padding=true`.")
+        if world is not None and isinstance(sp, int) and sp > 0 and world % sp:
+            c.fail(f"{k}.ulysses_sequence_parallel_size", f"({sp}) must divide the world size ({world}).")
+    if c.flag(f"{k}.use_dynamic_bsz"):
+        return
+    c.micro_batch_pair(k, "ppo_micro_batch_size", "use_dynamic_bsz")
+    mini = c.integer(f"{k}.ppo_mini_batch_size", minimum=1)
+    train_bs = c.get("data.train_batch_size")
+    if isinstance(train_bs, int) and mini is not None and train_bs < mini:
+        c.fail(f"{k}.ppo_mini_batch_size", f"({mini}) must be <= data.train_batch_size ({train_bs}).")
+    legacy = c.get(f"{k}.ppo_micro_batch_size")
+    if isinstance(legacy, int) and legacy > 0 and mini and mini % legacy:
+        c.fail(f"{k}.ppo_micro_batch_size", f"({legacy}) must divide critic.ppo_mini_batch_size ({mini}).")
+
+
+def _check_reward(c: _Checker) -> None:
+    source = c.choice("reward.reward_manager.source", ("register", "importlib"))
+    if source == "importlib" and not c.get("reward.reward_manager.module.path"):
+        c.fail("reward.reward_manager.module.path", "must name a Python file when reward_manager.source=importlib.")
+    if c.flag("reward.reward_model.enable"):
+        if not c.get("reward.reward_model.model_path"):
+            c.fail("reward.reward_model.model_path", "must be set when reward.reward_model.enable=true.")
+        c.choice("reward.reward_model.rollout.name", ROLLOUT_NAMES)
+    legacy, current = c.get("custom_reward_function.path"), c.get("reward.custom_reward_function.path")
+    if legacy and current and legacy != current:
+        c.fail("custom_reward_function.path", f"({legacy!r}) conflicts with reward.custom_reward_function.path "
+                                              f"({current!r}); keep only the latter.")
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Check a composed trainer config; raise :class:`ConfigValidationError` listing every problem.
+
+    Soft issues (e.g. KL applied both in the reward and in the loss) are reported with
+    ``warnings.warn(..., ConfigWarning)`` and do not fail validation.
+    """
+    c = _Checker(cfg)
+    world = _check_trainer(c)
+    _check_data(c)
+    _check_model(c, "actor_rollout_ref.model")
+    _check_algorithm(c)
+    _check_actor(c, world)
+    _check_ref(c)
+    _check_rollout(c, world)
+    _check_critic(c, world)
+    _check_reward(c)
+    for note in c.notes:
+        warnings.warn(note, ConfigWarning, stacklevel=2)
+    if c.problems:
+        # The same key can be reached from two rules; report it once.
+        raise ConfigValidationError(dict.fromkeys(c.problems))
