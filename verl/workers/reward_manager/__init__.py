@@ -1,0 +1,6 @@
+"""Reward managers: turn a batch of rollouts into token-level scores."""
+
+from .registry import get_reward_manager_cls, register  # noqa: I001  (registry first: managers use it)
+from .naive import NaiveRewardManager
+
+__all__ = ["NaiveRewardManager", "get_reward_manager_cls", "register"]

@@ -1,0 +1,150 @@
+"""Building the trainer's reward function from config and applying it to a batch.
+
+Config locations (both understood, the newer one wins when it sets a value):
+
+* custom scorer: ``reward.custom_reward_function.{path,name,reward_kwargs}`` (verl >= 0.6) or the older
+  top-level ``custom_reward_function.{path,name,reward_kwargs}``;
+* manager: ``reward.reward_manager.{name,source,module.path}`` or the older ``reward_model.reward_manager``
+  (a plain name); default ``naive``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from verl.utils.reward_score import get_default_compute_score
+
+if TYPE_CHECKING:
+    from verl import DataProto
+
+__all__ = ["get_custom_reward_fn", "load_reward_manager", "compute_reward", "extract_reward"]
+
+
+def _get(node, key: str, default=None):
+    if node is None:
+        return default
+    try:
+        value = node.get(key, default)
+    except AttributeError:
+        value = getattr(node, key, default)
+    return default if value is None else value
+
+
+def _plain(value):
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, DictConfig | ListConfig):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return value
+
+
+def _custom_fn_section(config):
+    newer = _get(_get(config, "reward"), "custom_reward_function")
+    if _get(newer, "path"):
+        return newer, "reward.custom_reward_function"
+    return _get(config, "custom_reward_function"), "custom_reward_function"
+
+
+def _merge_kwargs_call(raw_fn, fixed_kwargs, *args, **kwargs):
+    return raw_fn(*args, **{**kwargs, **fixed_kwargs})
+
+
+async def _merge_kwargs_call_async(raw_fn, fixed_kwargs, *args, **kwargs):
+    return await raw_fn(*args, **{**kwargs, **fixed_kwargs})
+
+
+def get_custom_reward_fn(config):
+    """The user's scoring function from ``custom_reward_function.path``, with ``reward_kwargs`` bound; else None.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        RuntimeError: importing the file failed.
+        AttributeError: the file has no function of the configured name.
+    """
+    section, where = _custom_fn_section(config)
+    path = _get(section, "path")
+    if not path:
+        return None
+    name = _get(section, "name", "compute_score")
+    from verl.utils.dataset.rl_dataset import _load_object_from_path
+
+    raw_fn = _load_object_from_path(path, name, f"{where} (path={path!r}, name={name!r})")
+    if not callable(raw_fn):
+        raise TypeError(f"{where}: {name!r} in {path!r} is a {type(raw_fn).__name__}, not a function")
+    fixed_kwargs = dict(_plain(_get(section, "reward_kwargs", {})))
+    wrapper = _merge_kwargs_call_async if inspect.iscoroutinefunction(raw_fn) else _merge_kwargs_call
+    fn = functools.partial(wrapper, raw_fn, fixed_kwargs)
+    fn.__qualname__ = f"{name} (from {path})"  # error messages of reward managers name the user function
+    return fn
+
+
+def _manager_cls(config):
+    from verl.workers.reward_manager import get_reward_manager_cls
+
+    section = _get(_get(config, "reward"), "reward_manager")
+    if section is not None and not isinstance(section, str):
+        name = _get(section, "name", "naive")
+        source = _get(section, "source", "register")
+        if source == "importlib":
+            module_path = _get(_get(section, "module"), "path")
+            if not module_path:
+                raise ValueError("reward.reward_manager.source='importlib' needs reward.reward_manager.module.path")
+            from verl.utils.dataset.rl_dataset import _load_object_from_path
+
+            return _load_object_from_path(module_path, name, "reward.reward_manager.module")
+        if source != "register":
+            raise ValueError(f"reward.reward_manager.source={source!r} is not supported; use 'register' or 'importlib'")
+        return get_reward_manager_cls(name)
+    name = section if isinstance(section, str) else _get(_get(config, "reward_model"), "reward_manager", "naive")
+    return get_reward_manager_cls(name)
+
+
+def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs: Any):
+    """Instantiate the configured reward manager with the custom (or default) scoring function."""
+    manager_cls = _manager_cls(config)
+    compute_score = get_custom_reward_fn(config) or get_default_compute_score(getattr(manager_cls, "__name__", None))
+    reward_fn_key = _get(_get(config, "data"), "reward_fn_key", "data_source")
+    return manager_cls(
+        tokenizer=tokenizer,
+        num_examine=num_examine,
+        compute_score=compute_score,
+        reward_fn_key=reward_fn_key,
+        **reward_kwargs,
+    )
+
+
+def _accepts_return_dict(reward_fn) -> bool:
+    try:
+        params = inspect.signature(reward_fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return "return_dict" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def compute_reward(data: DataProto, reward_fn) -> tuple[Any, dict[str, Any]]:
+    """Run ``reward_fn`` on ``data``: ``(token_level_scores [B, response_len], extra-info lists by key)``.
+
+    Errors from the reward function propagate (a silently unscored batch would train on garbage).
+    """
+    if not _accepts_return_dict(reward_fn):
+        return reward_fn(data), {}
+    result = reward_fn(data, return_dict=True)
+    if isinstance(result, dict):
+        if "reward_tensor" not in result:
+            raise KeyError(
+                f"compute_reward: the reward function returned a dict without 'reward_tensor' (keys {sorted(result)})"
+            )
+        return result["reward_tensor"], dict(result.get("reward_extra_info") or {})
+    return result, {}
+
+
+def extract_reward(batch: DataProto):
+    """Scores already written into the batch by a reward model/loop: ``(rm_scores, extra infos)``."""
+    reward_tensor = batch.batch["rm_scores"]
+    keys = (getattr(batch, "meta_info", None) or {}).get("reward_extra_keys", [])
+    return reward_tensor, {key: batch.non_tensor_batch[key] for key in keys}
