@@ -35,6 +35,8 @@ class LossConfig:
         return getattr(self._cfg, name)
 
     def get(self, name, default=None):
+        if name == "global_batch_info":
+            return self.global_batch_info
         return self._cfg.get(name, default)
 
 
