@@ -1,0 +1,96 @@
+"""Model registry: specs, model_type validation, class selection and loading."""
+
+import pytest
+import torch
+import transformers as tf
+
+from verl.models.registry import (
+    SUPPORTED_ARCHITECTURES,
+    check_model_type,
+    get_model_class,
+    get_model_spec,
+    get_text_config,
+    load_hf_model,
+)
+from verl.models.tiny import build_tiny_qwen3_5
+
+
+@pytest.fixture(scope="module")
+def configs(tiny_models):
+    return {kind: tiny_models(kind).config for kind in ("dense", "moe", "vl", "vl_moe")}
+
+
+def test_specs(configs):
+    dense, moe, vl, vl_moe = (get_model_spec(configs[k]) for k in ("dense", "moe", "vl", "vl_moe"))
+    assert (dense.is_vl, dense.is_moe, dense.has_linear_attention, dense.supports_packing) == (False, False, True, True)
+    assert moe.is_moe and not moe.is_vl
+    assert vl.is_vl and not vl.is_moe and vl.text_config_attr == "text_config"
+    assert vl_moe.is_vl and vl_moe.is_moe
+    assert set(SUPPORTED_ARCHITECTURES) == {
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+    }
+    assert get_text_config(configs["vl"]).model_type == "qwen3_5_text"
+
+
+def test_spec_from_model_type_without_architectures(configs):
+    cfg = tf.Qwen3_5MoeTextConfig()
+    cfg.architectures = None
+    assert get_model_spec(cfg).architecture == "Qwen3_5MoeForCausalLM"
+
+
+@pytest.mark.parametrize("declared", [None, "", "qwen3_5_text", "qwen3_5"])
+@pytest.mark.parametrize("kind", ["dense", "vl"])
+def test_check_model_type_accepts(configs, kind, declared):
+    assert check_model_type(configs[kind], declared).family == "qwen3_5"
+
+
+@pytest.mark.parametrize("declared", ["qwen3_5_moe_text", "qwen3_5_moe"])
+def test_check_model_type_accepts_moe(configs, declared):
+    check_model_type(configs["moe"], declared)
+    check_model_type(configs["vl_moe"], declared)
+
+
+@pytest.mark.parametrize(
+    "kind,declared", [("dense", "qwen3_5_moe_text"), ("moe", "qwen3_5_text"), ("vl", "qwen2"), ("dense", "llama")]
+)
+def test_check_model_type_rejects(configs, kind, declared):
+    with pytest.raises(ValueError, match="model_type="):
+        check_model_type(configs[kind], declared)
+
+
+def test_check_model_type_generic():
+    cfg = tf.LlamaConfig()
+    check_model_type(cfg, "llama")
+    with pytest.raises(ValueError):
+        check_model_type(cfg, "qwen3_5_text")
+
+
+def test_get_model_class(configs):
+    assert get_model_class(configs["dense"]) is tf.Qwen3_5ForCausalLM
+    assert get_model_class(configs["vl"]) is tf.Qwen3_5ForConditionalGeneration
+    assert get_model_class(configs["vl"], for_vl=False) is tf.Qwen3_5ForCausalLM
+    assert get_model_class(configs["vl_moe"], for_vl=False) is tf.Qwen3_5MoeForCausalLM
+    with pytest.raises(ValueError):
+        get_model_class(configs["dense"], for_vl=True)
+    assert get_model_class(tf.LlamaConfig(architectures=["LlamaForCausalLM"])) is tf.AutoModelForCausalLM
+    with pytest.raises(ValueError, match="not a causal language model"):
+        get_model_class(tf.BertConfig(architectures=["BertModel"]))
+
+
+def test_load_hf_model(tmp_path):
+    vl = build_tiny_qwen3_5(tmp_path / "vl", kind="vl", with_tokenizer=False)
+    full = load_hf_model(str(tmp_path / "vl"), dtype=torch.float32, declared_model_type="qwen3_5_text")
+    assert isinstance(full, tf.Qwen3_5ForConditionalGeneration)
+    text = load_hf_model(str(tmp_path / "vl"), dtype=torch.float32, for_vl=False)
+    assert isinstance(text, tf.Qwen3_5ForCausalLM)
+    ids = torch.randint(30, 120, (1, 9))
+    torch.testing.assert_close(text(input_ids=ids).logits, vl(input_ids=ids).logits, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError):
+        load_hf_model(str(tmp_path / "vl"), dtype=torch.float32, declared_model_type="qwen3_5_moe_text")
+    bert = tf.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    tf.BertModel(bert).save_pretrained(tmp_path / "bert")
+    with pytest.raises(ValueError, match="not a causal language model"):
+        load_hf_model(str(tmp_path / "bert"))

@@ -1,0 +1,223 @@
+"""Which architectures the FSDP actor supports, what each needs, and how to load a checkpoint for training.
+
+Qwen3.5 is first-class (dense, MoE, and their vision-language wrappers); any other Hugging Face causal LM goes
+through the generic path (stock forward, HF packing via position ids, no Ulysses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    architecture: str
+    family: str  # canonical model_type without the "_text" suffix, e.g. "qwen3_5_moe"
+    is_vl: bool
+    is_moe: bool
+    has_linear_attention: bool
+    supports_packing: bool  # remove-padding (packed (1, T) rows) forward
+    supports_ulysses: bool
+    hf_class: Optional[str]  # transformers class for the checkpoint as-is (None: let AutoModel decide)
+    text_class: Optional[str]  # class for training only the language model of this checkpoint
+    auto_class: str  # transformers Auto* class name for trust_remote_code checkpoints
+    text_config_attr: Optional[str] = None  # sub-config holding the LM hyper-parameters (VL wrappers)
+
+
+def _qwen(arch, family, is_vl, is_moe, text_class):
+    return ModelSpec(
+        architecture=arch,
+        family=family,
+        is_vl=is_vl,
+        is_moe=is_moe,
+        has_linear_attention=True,
+        supports_packing=True,
+        supports_ulysses=True,
+        hf_class=arch,
+        text_class=text_class,
+        auto_class="AutoModelForImageTextToText" if is_vl else "AutoModelForCausalLM",
+        text_config_attr="text_config" if is_vl else None,
+    )
+
+
+SUPPORTED_ARCHITECTURES: dict[str, ModelSpec] = {
+    "Qwen3_5ForCausalLM": _qwen("Qwen3_5ForCausalLM", "qwen3_5", False, False, "Qwen3_5ForCausalLM"),
+    "Qwen3_5MoeForCausalLM": _qwen("Qwen3_5MoeForCausalLM", "qwen3_5_moe", False, True, "Qwen3_5MoeForCausalLM"),
+    "Qwen3_5ForConditionalGeneration": _qwen(
+        "Qwen3_5ForConditionalGeneration", "qwen3_5", True, False, "Qwen3_5ForCausalLM"
+    ),
+    "Qwen3_5MoeForConditionalGeneration": _qwen(
+        "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", True, True, "Qwen3_5MoeForCausalLM"
+    ),
+}
+
+# model_type (top-level or text sub-config) -> family
+QWEN3_5_MODEL_TYPES = {
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe",
+    "qwen3_5_moe_text": "qwen3_5_moe",
+}
+_FAMILY_DEFAULT_ARCH = {
+    ("qwen3_5", False): "Qwen3_5ForCausalLM",
+    ("qwen3_5", True): "Qwen3_5ForConditionalGeneration",
+    ("qwen3_5_moe", False): "Qwen3_5MoeForCausalLM",
+    ("qwen3_5_moe", True): "Qwen3_5MoeForConditionalGeneration",
+}
+
+
+def _family(model_type: Optional[str]) -> Optional[str]:
+    if model_type is None:
+        return None
+    if model_type in QWEN3_5_MODEL_TYPES:
+        return QWEN3_5_MODEL_TYPES[model_type]
+    return model_type[: -len("_text")] if model_type.endswith("_text") else model_type
+
+
+def get_text_config(hf_config):
+    """The config holding the language-model hyper-parameters (the config itself for text checkpoints)."""
+    sub = getattr(hf_config, "text_config", None)
+    return sub if sub is not None else hf_config
+
+
+def _is_vl_config(hf_config) -> bool:
+    return getattr(hf_config, "vision_config", None) is not None
+
+
+def get_model_spec(hf_config) -> ModelSpec:
+    """Spec for a checkpoint's config: by its declared architecture, else by model_type, else generic."""
+    for arch in getattr(hf_config, "architectures", None) or []:
+        if arch in SUPPORTED_ARCHITECTURES:
+            return SUPPORTED_ARCHITECTURES[arch]
+    family = _family(getattr(hf_config, "model_type", None))
+    if family in ("qwen3_5", "qwen3_5_moe"):
+        return SUPPORTED_ARCHITECTURES[_FAMILY_DEFAULT_ARCH[(family, _is_vl_config(hf_config))]]
+    archs = getattr(hf_config, "architectures", None) or []
+    arch = archs[0] if archs else "AutoModelForCausalLM"
+    is_vl = _is_vl_config(hf_config)
+    text = get_text_config(hf_config)
+    return ModelSpec(
+        architecture=arch,
+        family=family or "unknown",
+        is_vl=is_vl,
+        is_moe=bool(getattr(text, "num_experts", 0) or getattr(text, "num_local_experts", 0)),
+        has_linear_attention="linear_attention" in (getattr(text, "layer_types", None) or []),
+        supports_packing=True,
+        supports_ulysses=False,
+        hf_class=None,
+        text_class=None,
+        auto_class="AutoModelForImageTextToText" if is_vl else "AutoModelForCausalLM",
+        text_config_attr="text_config" if getattr(hf_config, "text_config", None) is not None else None,
+    )
+
+
+def is_supported_architecture(architecture: str) -> bool:
+    return architecture in SUPPORTED_ARCHITECTURES
+
+
+def check_model_type(hf_config, declared_model_type: Optional[str]) -> ModelSpec:
+    """Validate a user-declared ``model_type`` (e.g. ``actor_rollout_ref.model.model_type=qwen3_5_text``)
+    against the checkpoint. Optional: None/"" always passes.
+
+    A declaration agrees when it names the checkpoint's family at either level: ``qwen3_5_text`` fits a
+    Qwen3.5 text checkpoint and a Qwen3.5 VL checkpoint (whose text config is ``qwen3_5_text``), ``qwen3_5``
+    fits both too; ``qwen3_5_moe_text`` does not fit a dense checkpoint. Returns the checkpoint's spec.
+    """
+    spec = get_model_spec(hf_config)
+    if not declared_model_type:
+        return spec
+    top = getattr(hf_config, "model_type", None)
+    text = getattr(get_text_config(hf_config), "model_type", None)
+    accepted = {_family(top), _family(text)} - {None}
+    if _family(declared_model_type) not in accepted:
+        raise ValueError(
+            f"model_type={declared_model_type!r} was declared, but the checkpoint is {top!r}"
+            + (f" (text config {text!r})" if text and text != top else "")
+            + f", architecture {spec.architecture}. Fix model.model_type or point model.path at a matching checkpoint."
+        )
+    return spec
+
+
+def _resolve_class(name: str):
+    import transformers
+
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        raise ValueError(f"transformers {transformers.__version__} has no class {name}")
+    return cls
+
+
+def _is_causal_lm_config(hf_config) -> bool:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    archs = getattr(hf_config, "architectures", None) or []
+    if archs:
+        # The checkpoint says what its head is (a BertModel is in the causal-LM auto mapping, but is no LM).
+        return any(a.endswith(("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")) for a in archs)
+    mapping_types = (AutoModelForCausalLM._model_mapping, AutoModelForImageTextToText._model_mapping)
+    return any(type(hf_config) in m for m in mapping_types)
+
+
+def get_model_class(hf_config, for_vl: Optional[bool] = None, trust_remote_code: bool = False):
+    """Class to load a checkpoint with. ``for_vl`` None keeps the checkpoint's modality; False trains only
+    the language model of a VL checkpoint (its ``*ForCausalLM`` over ``text_config``); True requires VL."""
+    spec = get_model_spec(hf_config)
+    if not _is_causal_lm_config(hf_config):
+        archs = getattr(hf_config, "architectures", None)
+        raise ValueError(
+            f"checkpoint with model_type={getattr(hf_config, 'model_type', None)!r} architectures={archs} "
+            "is not a causal language model; the actor needs a *ForCausalLM or *ForConditionalGeneration checkpoint"
+        )
+    if for_vl and not spec.is_vl:
+        raise ValueError(f"{spec.architecture} has no vision tower; cannot load it as a vision-language model")
+    want_vl = spec.is_vl if for_vl is None else for_vl
+    if spec.hf_class is not None:
+        return _resolve_class(spec.hf_class if want_vl or not spec.is_vl else spec.text_class)
+    import transformers
+
+    auto = transformers.AutoModelForImageTextToText if want_vl else transformers.AutoModelForCausalLM
+    return auto  # generic: Auto class resolves the concrete one (remote code included)
+
+
+def load_hf_model(
+    path: str,
+    dtype: torch.dtype = torch.bfloat16,
+    trust_remote_code: bool = False,
+    for_vl: Optional[bool] = None,
+    declared_model_type: Optional[str] = None,
+    **from_pretrained_kwargs,
+):
+    """Load a checkpoint for training: Qwen3.5 (text or VL) or any HF causal LM.
+
+    A VL checkpoint loaded with ``for_vl=False`` becomes the matching ``*ForCausalLM`` over its text config
+    (vision weights are skipped). Raises ValueError for checkpoints that are not causal LMs.
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    spec = check_model_type(config, declared_model_type)
+    cls = get_model_class(config, for_vl=for_vl, trust_remote_code=trust_remote_code)
+    if spec.is_vl and for_vl is False and spec.hf_class is not None:
+        config = get_text_config(config)
+    kwargs = dict(from_pretrained_kwargs)
+    kwargs.setdefault("dtype", dtype)
+    if cls.__name__.startswith("Auto"):
+        kwargs["trust_remote_code"] = trust_remote_code
+    return cls.from_pretrained(path, config=config, **kwargs)
+
+
+class ModelRegistry:
+    """Upstream-compatible view of the table above."""
+
+    @staticmethod
+    def get_supported_archs() -> list[str]:
+        return list(SUPPORTED_ARCHITECTURES)
+
+    @staticmethod
+    def load_model_cls(model_arch: str, value: bool = False):
+        if value or model_arch not in SUPPORTED_ARCHITECTURES:
+            return None
+        return _resolve_class(SUPPORTED_ARCHITECTURES[model_arch].hf_class)
