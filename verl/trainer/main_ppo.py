@@ -74,7 +74,8 @@ def build_role_specs(cfg: DictConfig, use_critic: bool) -> dict:
     if strategy not in ("fsdp", "fsdp2"):
         raise ValueError(f"actor_rollout_ref.actor.strategy={strategy!r} has no worker in this project yet; "
                          "use fsdp or fsdp2")
-    specs = {"actor_rollout": (ActorRolloutRefWorker, (cfg.actor_rollout_ref, "actor_rollout_ref"), {})}
+    specs = {"actor_rollout": (ActorRolloutRefWorker, (cfg.actor_rollout_ref, "actor_rollout_ref"),
+                               {"full_config": cfg})}
     if use_critic:
         critic_cfg = cfg.critic
         with open_dict(critic_cfg):
@@ -141,8 +142,6 @@ def run_ppo(cfg: DictConfig) -> dict:
     _set_total_steps(cfg, int(total))
     groups = launch_workers(cfg, build_role_specs(cfg, use_critic))
     for wg in groups.values():
-        if hasattr(wg, "set_full_config"):
-            wg.set_full_config(cfg)
         wg.init_model()
     trainer = RayPPOTrainer(cfg, tokenizer, groups, train_ds, val_ds, collate_fn, reward_fn, val_reward_fn,
                             processor=processor)

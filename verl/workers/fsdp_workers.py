@@ -32,9 +32,11 @@ def _per_rank(total: int, world: int, name: str) -> int:
 class ActorRolloutRefWorker(Worker):
     """``role`` is ``actor_rollout_ref`` (all three), ``actor_rollout``, ``actor`` or ``ref``."""
 
-    def __init__(self, config: DictConfig, role: str = "actor_rollout_ref"):
+    def __init__(self, config: DictConfig, role: str = "actor_rollout_ref", full_config: DictConfig | None = None):
         super().__init__()
         self.config = config  # the actor_rollout_ref section
+        # The whole config, for parts that read other sections (the agent loop reads data.* and multi_turn).
+        self.full_config = full_config if full_config is not None else OmegaConf.create({"actor_rollout_ref": config})
         self.role = role
         self._is_actor = "actor" in role
         self._is_rollout = "rollout" in role
@@ -57,6 +59,11 @@ class ActorRolloutRefWorker(Worker):
             built = shard_model(cfg.model, cfg.actor.fsdp_config, role="actor", ulysses_sp_size=sp,
                                 enable_gc=cfg.model.get("enable_gradient_checkpointing", False))
             self.actor_module, self.model_info = built.module, built.info
+            self._is_lora = built.is_lora
+            if built.is_lora and self._is_rollout:
+                from verl.workers.lora import check_lora_rollout_config
+
+                check_lora_rollout_config(cfg)
             self.actor_optimizer, self.actor_lr_scheduler = build_optimizer_and_scheduler(self.actor_module, cfg.actor.optim)
             self.actor = DataParallelPPOActor(cfg.actor, self.actor_module, self.actor_optimizer,
                                               use_remove_padding=built.use_remove_padding,
@@ -114,23 +121,23 @@ class ActorRolloutRefWorker(Worker):
         if rcfg.get("multi_turn", {}).get("enable", False):
             from verl.experimental.agent_loop import AgentLoopManager
 
-            self.agent_loop = AgentLoopManager(self._full_config, self.rollout, self.tokenizer, self.processor)
+            self.agent_loop = AgentLoopManager(self.full_config, self.rollout, self.tokenizer, self.processor,
+                                               model_config=self.actor_module.config)
         if rcfg.name != "hf":
             self._sync_rollout_weights()
-
-    @property
-    def _full_config(self):
-        return self.__dict__.get("full_config") or OmegaConf.create({"actor_rollout_ref": self.config})
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def set_full_config(self, full_config):
-        self.full_config = full_config
-        return True
 
     def _sync_rollout_weights(self):
         from verl.workers.weight_sync import iter_hf_weights
 
         bucket = int(self.config.rollout.get("checkpoint_engine", {}).get("update_weights_bucket_megabytes", 512))
+        if getattr(self, "_is_lora", False):
+            from verl.workers.lora import rollout_sync
+
+            # adapter tensors, or merged weights where the engine cannot take the adapter (logged)
+            weights, kw = rollout_sync(self.actor_module, bucket_megabytes=bucket,
+                                       layered=bool(self.config.rollout.get("layered_summon", False)))
+            self.rollout.update_weights(weights, **kw)
+            return
         weights = iter_hf_weights(self.actor_module, bucket_megabytes=bucket,
                                   layered=bool(self.config.rollout.get("layered_summon", False)))
         self.rollout.update_weights(weights)
@@ -146,7 +153,6 @@ class ActorRolloutRefWorker(Worker):
             out = self.agent_loop.generate_sequences(prompts)
         else:
             out = generate_sequences(self.rollout, prompts, self.config.rollout, self.eos_ids, self.pad_token_id)
-        out.meta_info.setdefault("metrics", {})
         out.meta_info["timing"] = {"generate_sequences": time.time() - t0}
         return out
 

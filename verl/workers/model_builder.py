@@ -77,7 +77,7 @@ def _torch_dtype(name, default):
 
 def shard_model(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enable_gc: bool = False) -> BuiltModel:
     """Load the HF model for ``role`` (actor/ref/critic), apply Qwen3.5 patches, LoRA, and FSDP2."""
-    from verl.models.registry import load_hf_model, supports_packing
+    from verl.models.registry import get_model_spec, load_hf_model
     from verl.models.transformers.monkey_patch import apply_monkey_patch
     from verl.utils.fsdp_utils import apply_fsdp2, create_device_mesh
 
@@ -85,14 +85,18 @@ def shard_model(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enable
     device = get_device_name()
     on_cpu = device == "cpu"
     # fp32 master weights everywhere; bf16 compute on accelerators (mixed precision policy below).
+    # override_config entries (e.g. attn_implementation) are config kwargs of from_pretrained.
     model = load_hf_model(path, dtype=torch.float32, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
-                          override_config=dict(model_cfg.get("override_config") or {}),
-                          declared_model_type=model_cfg.get("model_type"))
+                          declared_model_type=model_cfg.get("model_type"),
+                          **dict(model_cfg.get("override_config") or {}))
     if role == "critic":
         from verl.workers.critic.value_model import ValueModel
 
         model = ValueModel(model)
-    use_rmpad = bool(model_cfg.get("use_remove_padding", True)) and supports_packing(model)
+    spec = get_model_spec(model.config)
+    # Packing needs boundary-aware attention: Qwen3.5's patched layers, or flash-attn varlen for other models.
+    packable = spec.family.startswith("qwen3_5") or getattr(model.config, "_attn_implementation", "") == "flash_attention_2"
+    use_rmpad = bool(model_cfg.get("use_remove_padding", True)) and spec.supports_packing and packable
     use_fused = bool(model_cfg.get("use_fused_kernels", False)) and role != "critic"
     fused_backend = (model_cfg.get("fused_kernel_options") or {}).get("impl_backend", "torch") if use_fused else None
     if role != "critic":
@@ -100,7 +104,8 @@ def shard_model(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enable
                            use_fused_kernels=use_fused, fused_kernels_backend=fused_backend)
     if enable_gc:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    is_lora = role == "actor" and int(model_cfg.get("lora_rank", 0) or 0) > 0
+    is_lora = role == "actor" and (int(model_cfg.get("lora_rank", 0) or 0) > 0
+                                   or bool(model_cfg.get("lora_adapter_path")))  # adapter sets the rank
     if is_lora:
         from verl.workers.lora import apply_lora
 
@@ -150,3 +155,4 @@ def build_optimizer_and_scheduler(module: torch.nn.Module, optim_cfg):
     else:
         raise ValueError(f"optim.lr_scheduler_type={style!r} is not supported; use constant or cosine")
     return optimizer, sched
+

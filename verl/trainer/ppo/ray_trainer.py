@@ -208,6 +208,7 @@ class RayPPOTrainer:
             gen = self._gen_batch(batch)
             gen.meta_info = {"validate": True, "do_sample": vk.do_sample, "global_steps": self.global_steps}
             out = self._dp_call(self.actor_rollout_wg.generate_sequences, gen)
+            out.meta_info = {}
             batch = self._merge_generation(batch, out)
             reward, infos = compute_reward(batch, self.val_reward_fn)
             scores.extend(reward.sum(-1).tolist())
@@ -278,8 +279,10 @@ class RayPPOTrainer:
             gen.meta_info = {"global_steps": self.global_steps}
             with marked_timer("gen", timing):
                 gen_out = self._dp_call(self.actor_rollout_wg.generate_sequences, gen)
-            metrics.update(gen_out.meta_info.pop("metrics", {}) or {})
+            # Per-sample agent-loop metrics stay out of meta_info; their aggregates are logged.
+            gen_out.meta_info.pop("metrics", None)
             gen_out.meta_info.pop("timing", None)
+            metrics.update(gen_out.meta_info.pop("agent_loop_metrics", {}) or {})
             batch = self._merge_generation(batch, gen_out)
             if "response_mask" not in batch.batch.keys():
                 batch.batch["response_mask"] = compute_response_mask(batch)
