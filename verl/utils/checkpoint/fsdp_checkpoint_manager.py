@@ -3,7 +3,9 @@
 ``<dir>/model_world_size_{W}_rank_{r}.pt``, ``optim_world_size_{W}_rank_{r}.pt`` and
 ``extra_state_world_size_{W}_rank_{r}.pt`` (lr scheduler + RNG) hold each rank's local shards;
 ``<dir>/huggingface/`` holds the config and tokenizer (and, with ``save_contents`` containing
-``hf_model``, full HF weights). Files are written under a temporary name and renamed, so a crash leaves
+``hf_model``, full HF weights; for a LoRA actor the adapter merged in). A LoRA actor also gets
+``<dir>/lora_adapter/`` (``adapter_config.json`` + ``adapter_model.safetensors``, PEFT's format) on every
+save. Files are written under a temporary name and renamed, so a crash leaves
 no truncated file behind; the trainer marks a step as latest only after every part is on disk.
 """
 
@@ -71,7 +73,22 @@ class FSDPCheckpointManager:
             }
             atomic_torch_save(extra, os.path.join(local_path, f"extra_state_{tag}.pt"))
         hf_dir = os.path.join(local_path, "huggingface")
-        full = full_state_dict(self.model) if "hf_model" in self.save_contents else None
+        lora = _is_peft(self.model)
+        if lora:
+            # PEFT adapter next to the shards, on every save: <local_path>/lora_adapter/adapter_config.json +
+            # adapter_model.safetensors (collective gather; rank 0 writes).
+            from verl.workers.lora import ADAPTER_DIR_NAME, save_lora_adapter
+
+            save_lora_adapter(self.model, os.path.join(local_path, ADAPTER_DIR_NAME))
+        full = None
+        if "hf_model" in self.save_contents:
+            if lora:  # a plain HF model: the adapter merged into the base weights
+                from verl.workers.lora import iter_merged_weights
+
+                full = {k: v.detach().cpu() for k, v in iter_merged_weights(self.model)}
+                full = full if rank == 0 else None
+            else:
+                full = full_state_dict(self.model)
         if rank == 0:
             os.makedirs(hf_dir, exist_ok=True)
             unwrapped = getattr(self.model, "config", None)
@@ -80,7 +97,7 @@ class FSDPCheckpointManager:
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(hf_dir)
             if full is not None:
-                save_hf_weights(self.model, full, hf_dir)
+                save_hf_weights(_base_hf_model(self.model) if lora else self.model, full, hf_dir)
         if dist.is_initialized():
             dist.barrier()
 
@@ -134,6 +151,19 @@ class FSDPCheckpointManager:
                 new[k] = v
             state[idx] = new
         self.optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+
+
+def _is_peft(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _base_hf_model(model):
+    """The HF model inside a PEFT wrapper (for its config and generation config)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def save_hf_weights(model, full_sd: dict[str, torch.Tensor], out_dir: str) -> None:
