@@ -1,0 +1,46 @@
+"""Run ``python -m verl.trainer.main_ppo`` as a user would, and read back its file-logger metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def demo_dir() -> str:
+    """One demo-asset cache for the whole test session (the assets are deterministic)."""
+    d = os.environ.get("VERL_TEST_DEMO_DIR") or os.path.join(os.environ.get("TMPDIR", "/tmp"), "verl-test-demo")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def run_main_ppo(workdir: Path, overrides: list[str], config_name: str | None = "demo", timeout: int = 900,
+                 check: bool = True, env_extra: dict | None = None):
+    """Returns (completed process, list of {"step", "data"} records from the file logger)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "metrics.jsonl"
+    env = dict(os.environ)
+    env.update({"VERL_DEMO_DIR": demo_dir(), "VERL_FILE_LOGGER_PATH": str(log), "PYTHONUNBUFFERED": "1",
+                "TOKENIZERS_PARALLELISM": "false"})
+    env.update(env_extra or {})
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo"]
+    if config_name:
+        cmd += ["--config-name", config_name]
+    cmd += [f"trainer.default_local_dir={workdir / 'ckpt'}", "trainer.logger=[console,file]", *overrides]
+    proc = subprocess.run(cmd, cwd=str(workdir), env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"main_ppo failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout[-4000:]}\n"
+                             f"STDERR:\n{proc.stderr[-6000:]}")
+    records = []
+    if log.exists():
+        records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return proc, records
+
+
+def train_records(records: list[dict]) -> dict[int, dict]:
+    """Training-step metrics by step (validation-only records have no critic/score)."""
+    return {r["step"]: r["data"] for r in records if "critic/score/mean" in r["data"]}
