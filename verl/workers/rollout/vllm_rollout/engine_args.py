@@ -1,0 +1,145 @@
+"""``actor_rollout_ref.rollout`` config -> ``vllm.LLM`` arguments, and our SamplingParams <-> vLLM's.
+
+Pure Python (no vLLM import): the rules are unit-tested on CPU; :mod:`.vllm_rollout` applies them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from verl.workers.rollout.base import GenerationOutput, SamplingParams
+
+# Keys of the rollout config that are this module's business (upstream names).
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16"}
+
+
+def _get(cfg: Any, key: str, default=None):
+    if cfg is None:
+        return default
+    if isinstance(cfg, Mapping):
+        return cfg.get(key, default)
+    try:
+        value = cfg.get(key, default)  # DictConfig
+    except AttributeError:
+        value = getattr(cfg, key, default)
+    return default if value is None else value
+
+
+def _plain(obj) -> dict:
+    if obj is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(obj, DictConfig):
+            return dict(OmegaConf.to_container(obj, resolve=True))
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(obj)
+
+
+def bucket_megabytes(config: Any, default: int = 2048) -> int:
+    """``rollout.checkpoint_engine.update_weights_bucket_megabytes`` (upstream's location), else the default."""
+    ce = _get(config, "checkpoint_engine")
+    value = _get(ce, "update_weights_bucket_megabytes")
+    if value is None:  # older configs kept it at the rollout level
+        value = _get(config, "update_weights_bucket_megabytes", default)
+    return int(value)
+
+
+def build_llm_kwargs(
+    config: Any,
+    model_config: Any,
+    *,
+    on_gpu: bool,
+    is_vl: bool = False,
+    seed: Optional[int] = None,
+) -> dict:
+    """Keyword arguments for ``vllm.LLM`` from the rollout and model configs.
+
+    ``on_gpu``: a GPU/NPU engine colocated with the trainer (external launcher executor, sleep mode when
+    ``free_cache_engine``); otherwise the CPU build (single process, no sleep mode).
+    """
+    prompt_len = int(_get(config, "prompt_length", 512))
+    response_len = int(_get(config, "response_length", 512))
+    max_model_len = _get(config, "max_model_len") or prompt_len + response_len
+    if max_model_len < prompt_len + response_len:
+        raise ValueError(
+            f"rollout.max_model_len={max_model_len} < prompt_length + response_length = {prompt_len + response_len}"
+        )
+    dtype = str(_get(config, "dtype", "bfloat16"))
+    tp = int(_get(config, "tensor_model_parallel_size", 1))
+    kw: dict[str, Any] = dict(
+        model=str(_get(model_config, "local_path") or _get(model_config, "path")),
+        tokenizer=None,
+        skip_tokenizer_init=True,  # token ids in and out; the trainer owns the tokenizer
+        dtype=_DTYPE_ALIASES.get(dtype, dtype),
+        tensor_parallel_size=tp,
+        max_model_len=int(max_model_len),
+        max_num_seqs=int(_get(config, "max_num_seqs", 256)),
+        enable_chunked_prefill=bool(_get(config, "enable_chunked_prefill", True)),
+        enforce_eager=bool(_get(config, "enforce_eager", True)),
+        load_format=_load_format(_get(config, "load_format", "auto")),
+        trust_remote_code=bool(_get(model_config, "trust_remote_code", False)),
+        # Rollout log-probs after temperature / top-k / top-p, i.e. of the distribution actually sampled.
+        logprobs_mode=str(_get(config, "logprobs_mode", "processed_logprobs")),
+        enable_prefix_caching=bool(_get(config, "enable_prefix_caching", True)),
+        seed=int(seed if seed is not None else _get(config, "seed", 0)),
+    )
+    mbt = _get(config, "max_num_batched_tokens")
+    if mbt:
+        kw["max_num_batched_tokens"] = int(mbt)
+    if on_gpu:
+        kw["gpu_memory_utilization"] = float(_get(config, "gpu_memory_utilization", 0.5))
+        kw["enable_sleep_mode"] = bool(_get(config, "free_cache_engine", True))
+        # One engine shard per trainer rank, created by torchrun/Ray workers themselves (colocated).
+        kw["distributed_executor_backend"] = "external_launcher"
+    elif tp != 1:
+        raise ValueError("tensor_model_parallel_size > 1 needs GPUs/NPUs; the CPU engine runs single-process")
+    if is_vl:
+        kw["language_model_only"] = True  # text rollouts: the vision tower is neither built nor synced
+    lora_rank = int(_get(model_config, "lora_rank", 0) or 0)
+    if lora_rank > 0:
+        kw.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
+        # With an adapter sync only the adapter travels; the frozen base must come from the checkpoint.
+        if kw["load_format"] == "dummy":
+            kw["load_format"] = "auto"
+    kw.update(_plain(_get(_get(config, "engine_kwargs"), "vllm")))
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def _load_format(fmt: str) -> str:
+    # Upstream's "dummy_*" formats: random init, real weights arrive with the first sync.
+    return "dummy" if str(fmt).startswith("dummy") else str(fmt)
+
+
+def vllm_sampling_kwargs(params: SamplingParams) -> dict:
+    """Our :class:`SamplingParams` as ``vllm.SamplingParams`` keyword arguments."""
+    top_k = int(params.top_k)
+    kw = dict(
+        n=int(params.n),
+        temperature=0.0 if params.greedy else float(params.temperature),
+        top_p=1.0 if params.greedy else float(params.top_p),
+        top_k=-1 if top_k <= 0 else top_k,  # 0 and -1 both mean "no top-k"
+        max_tokens=int(params.max_tokens),
+        stop_token_ids=list(params.stop_token_ids),
+        seed=params.seed,
+        logprobs=0 if params.logprobs else None,  # 0: just the sampled token's log-prob
+        detokenize=False,
+    )
+    return kw
+
+
+def to_generation_outputs(request_output: Any, want_logprobs: bool) -> list[GenerationOutput]:
+    """One vLLM ``RequestOutput`` -> our outputs (one per sample)."""
+    outs = []
+    for c in request_output.outputs:
+        ids = list(c.token_ids)
+        lps = None
+        if want_logprobs:
+            if c.logprobs is None or len(c.logprobs) != len(ids):
+                raise RuntimeError("vLLM returned no per-token log-probs although they were requested")
+            lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids)]
+        reason = c.finish_reason or "length"
+        outs.append(GenerationOutput(ids, lps, "stop" if reason == "stop" else reason))
+    return outs

@@ -1,0 +1,225 @@
+"""Server mode: the vLLM engine in its own process, updated by the trainer over a collective.
+
+Control messages (small, picklable) travel over a ``multiprocessing`` pipe; tensors travel over a standalone
+two-rank process group (:class:`verl.utils.vllm.broadcast.PairCommunicator`: gloo on CPU, NCCL / HCCL on
+accelerators), the trainer being rank 0. Full-weight and LoRA updates are separate commands on both sides:
+
+* ``update_weights``: bucketed full reload through the engine's checkpoint loader, coverage-checked; on
+  vLLM-Ascend the reload goes through the checkpoint layout, so post-load processing runs again.
+* ``update_lora``: adapter tensors only; written as an adapter directory, never post-processed.
+
+:class:`vLLMServerClient` implements :class:`~verl.workers.rollout.base.BaseRollout`, so the trainer
+drives a server exactly like a colocated engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing as mp
+import os
+import tempfile
+import traceback
+from typing import Any, Iterable, Optional
+
+import torch
+
+from verl.utils.vllm.broadcast import PairCommunicator, broadcast_tensor
+from verl.workers.rollout.base import BaseRollout, GenerationOutput, GenerationRequest, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64)}
+_ENGINE = "verl.workers.rollout.vllm_rollout.vllm_rollout.vLLMRollout"
+
+
+def _load(qualname: str):
+    module, name = qualname.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def _receive(comm: PairCommunicator, meta: list[tuple[str, tuple, str]]):
+    """Server side of one bucket: allocate, receive every tensor in order, then yield them."""
+    out = []
+    for name, shape, dtype in meta:
+        t = torch.empty(shape, dtype=_DTYPES[dtype], device=comm.device)
+        broadcast_tensor(comm, t, src=0)
+        out.append((name, t))
+    return out
+
+
+def _server_main(conn, engine_cls: str, config: dict, model_config: dict, comm_info: dict, env: dict) -> None:
+    os.environ.update(env)
+    from omegaconf import OmegaConf
+
+    try:
+        engine = _load(engine_cls)(OmegaConf.create(config), OmegaConf.create(model_config), tokenizer=None)
+        store = torch.distributed.FileStore(comm_info["store_path"], 2)
+        comm = PairCommunicator(comm_info["backend"], store, rank=1, world_size=2, device=comm_info.get("device"))
+        conn.send(("ready", None))
+    except Exception:  # report start-up failures instead of leaving the client waiting
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        cmd, payload = conn.recv()
+        try:
+            if cmd == "shutdown":
+                if hasattr(engine, "shutdown"):
+                    engine.shutdown()
+                conn.send(("ok", None))
+                return
+            conn.send(("ok", _handle(engine, comm, conn, cmd, payload)))
+        except Exception as e:  # the error travels back with its traceback; the server keeps serving
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def _handle(engine, comm, conn, cmd: str, payload: Any):
+    if cmd == "generate":
+        requests, params = payload
+        return engine.generate(requests, params)
+    if cmd == "score":
+        return engine.score(payload)
+    if cmd == "update_weights":
+        # Buckets arrive one at a time while the engine's loader consumes the stream: the server holds one
+        # bucket, the trainer gathers one bucket. A ("bucket", meta) message precedes each bucket's tensors.
+        def stream():
+            while True:
+                kind, meta = conn.recv()
+                if kind == "end":
+                    return
+                yield from _receive(comm, meta)
+
+        engine.update_weights(stream())
+        return None
+    if cmd == "update_lora":
+        tensors = _receive(comm, payload["meta"])
+        engine.update_weights(tensors, lora=payload["lora"])
+        return None
+    if cmd in ("sleep", "wake_up"):
+        getattr(engine, cmd)(tuple(payload))
+        return None
+    raise ValueError(f"unknown server command {cmd!r}")
+
+
+class vLLMServerClient(BaseRollout):
+    """Trainer-side handle of a rollout server process (``rollout.mode=server``)."""
+
+    def __init__(
+        self,
+        config,
+        model_config,
+        tokenizer=None,
+        module=None,
+        processor=None,
+        *,
+        backend: Optional[str] = None,
+        engine_cls: str = _ENGINE,
+        start_timeout: float = 600.0,
+    ):
+        from omegaconf import OmegaConf
+
+        self.config = config
+        self.bucket_megabytes = _bucket_mb(config)
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
+        self._tmp = tempfile.mkdtemp(prefix="verl_vllm_server_")
+        store_path = os.path.join(self._tmp, "store")
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        to_plain = (lambda c: OmegaConf.to_container(c, resolve=True) if OmegaConf.is_config(c) else dict(c))
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        for key in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ASCEND_ENABLE_NZ"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        info = {"store_path": store_path, "backend": self.backend, "device": None}
+        self._proc = ctx.Process(
+            target=_server_main,
+            args=(child, engine_cls, to_plain(config), to_plain(model_config), info, env),
+            daemon=True,
+        )
+        self._proc.start()
+        store = torch.distributed.FileStore(store_path, 2)
+        self._comm = PairCommunicator(self.backend, store, rank=0, world_size=2, device=self.device)
+        if not self._conn.poll(start_timeout):
+            raise TimeoutError("rollout server did not start in time")
+        status, detail = self._conn.recv()
+        if status != "ready":
+            raise RuntimeError(f"rollout server failed to start:\n{detail}")
+
+    def _call(self, cmd: str, payload: Any = None):
+        self._conn.send((cmd, payload))
+        return self._reply()
+
+    def _reply(self):
+        status, value = self._conn.recv()
+        if status == "error":
+            raise RuntimeError(f"rollout server error: {value}")
+        return value
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[GenerationOutput]]:
+        return self._call("generate", (requests, params))
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        return self._call("score", sequences)
+
+    def _send(self, tensor: torch.Tensor) -> None:
+        t = tensor.detach().contiguous()
+        if self.device is not None:
+            t = t.to(self.device)
+        broadcast_tensor(self._comm, t, src=0)
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], **kwargs) -> None:
+        """Full weights (or, with ``lora=...``, adapter tensors) to the server over the collective."""
+        lora = kwargs.get("lora")
+        pairs = list(weights) if lora else None
+        if lora:
+            meta = [(n, tuple(t.shape), str(t.dtype)) for n, t in pairs]
+            self._conn.send(("update_lora", {"meta": meta, "lora": lora}))
+            for _, t in pairs:
+                self._send(t)
+            self._reply()
+            return
+        self._conn.send(("update_weights", None))
+        bucket, size, limit = [], 0, self.bucket_megabytes << 20
+        try:
+            for name, t in weights:
+                nbytes = t.numel() * t.element_size()
+                if bucket and size + nbytes > limit:
+                    self._flush(bucket)
+                    bucket, size = [], 0
+                bucket.append((name, t))
+                size += nbytes
+            if bucket:
+                self._flush(bucket)
+        finally:
+            self._conn.send(("end", None))  # the server's loader stops; coverage is checked there
+        self._reply()
+
+    def _flush(self, bucket) -> None:
+        self._conn.send(("bucket", [(n, tuple(t.shape), str(t.dtype)) for n, t in bucket]))
+        for _, t in bucket:
+            self._send(t)
+
+    def sleep(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        self._call("sleep", list(tags))
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        self._call("wake_up", list(tags))
+
+    def shutdown(self) -> None:
+        if getattr(self, "_proc", None) is None:
+            return
+        try:
+            if self._proc.is_alive():
+                self._call("shutdown")
+        finally:
+            self._proc.join(timeout=60)
+            if self._proc.is_alive():
+                self._proc.terminate()
+            self._proc = None
+
+
+def _bucket_mb(config) -> int:
+    from .engine_args import bucket_megabytes
+
+    return bucket_megabytes(config)

@@ -1,0 +1,123 @@
+"""Helpers shared by the vLLM rollout tests (tiny checkpoints vLLM's CPU kernels accept, trainer scoring)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+# vLLM's CPU Gated DeltaNet kernel rejects 32-wide key/value heads; 128 works (see docs/qwen3_5_vllm_fsdp.md).
+CPU_ENGINE_SHAPES = dict(hidden_size=128, head_dim=32, linear_key_head_dim=128, linear_value_head_dim=128)
+
+
+def build_engine_checkpoint(path: str | Path, kind: str = "dense", seed: int = 0):
+    """Save a tiny Qwen3.5 (bf16, tokenizer alongside) and return the fp32 HF model of the same weights."""
+    from verl.models.tiny import build_tiny_qwen3_5
+
+    model = build_tiny_qwen3_5(path, kind=kind, seed=seed, dtype=torch.bfloat16, **CPU_ENGINE_SHAPES)
+    if kind.startswith("vl"):
+        # The tiny builder's mRoPE sections sum to 2 (sized for head_dim 16), but vLLM's CPU attention has no
+        # head_dim-16 kernel and its mRoPE asserts sum == rotary_dim / 2 = 4 at head_dim 32. Text-only
+        # positions are equal on the t/h/w axes, so re-splitting the sections changes no rotary angle.
+        cfg_path = Path(path) / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["text_config"]["rope_parameters"]["mrope_section"] = [2, 1, 1]
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+    return model.float()
+
+
+def rollout_config(**overrides):
+    from omegaconf import OmegaConf
+
+    cfg = dict(
+        name="vllm",
+        mode="sync",
+        prompt_length=32,
+        response_length=16,
+        max_num_seqs=4,
+        dtype="bfloat16",
+        enforce_eager=True,
+        free_cache_engine=True,
+        layered_summon=False,
+        load_format="auto",
+        tensor_model_parallel_size=1,
+        checkpoint_engine=dict(update_weights_bucket_megabytes=1),
+        engine_kwargs=dict(vllm={}),
+    )
+    cfg.update(overrides)
+    return OmegaConf.create(cfg)
+
+
+def model_config(path, lora_rank: int = 0, **kw):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create(dict(path=str(path), lora_rank=lora_rank, lora_alpha=2 * lora_rank, **kw))
+
+
+@torch.no_grad()
+def trainer_logprobs(model, seq: list[int]) -> torch.Tensor:
+    """Trainer-side log-prob of each token of ``seq`` given its prefix (first token excluded)."""
+    logits = model(torch.tensor([seq])).logits.float()[0]
+    return logits.log_softmax(-1)[:-1].gather(-1, torch.tensor(seq[1:])[:, None])[:, 0]
+
+
+def sgd_step(model, seq: list[int], lr: float, params: Optional[list] = None) -> None:
+    """One optimizer step raising the likelihood of ``seq`` (plain, single process)."""
+    params = params if params is not None else [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=lr)
+    logits = model(torch.tensor([seq])).logits.float()[0]
+    loss = -logits.log_softmax(-1)[:-1].gather(-1, torch.tensor(seq[1:])[:, None]).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+class RecordingEngine:
+    """Stand-in engine for server-mode protocol tests without vLLM (importable by a spawned server).
+
+    ``generate`` reports counters as token ids: [full updates, LoRA updates, post-load runs, tensors received];
+    ``score`` returns the sums of the last update's tensors in arrival order.
+    """
+
+    def __init__(self, config, model_config, tokenizer=None, module=None, processor=None):
+        from verl.utils.vllm.ascend_moe import PostLoadGuard
+
+        self.full = self.lora = self.post = self.received = 0
+        self.sums: list[float] = []
+        self.names: list[str] = []
+        self._guard = PostLoadGuard("reload")  # server-mode full reload: post-process again
+        self._layers = [type("L", (), {})()]
+
+    def update_weights(self, weights, **kwargs):
+        pairs = list(weights)
+        self.received += len(pairs)
+        self.sums = [float(t.float().sum()) for _, t in pairs]
+        self.names = [n for n, _ in pairs]
+        if kwargs.get("lora"):
+            self.lora += 1  # adapters never trigger post-load processing
+            return
+        if any(n == "fail.me" for n in self.names):
+            raise RuntimeError("coverage check failed: fail.me")
+        self.full += 1
+
+        def post(_layer):
+            self.post += 1
+
+        self._guard.after_load(self._layers, post)
+
+    def generate(self, requests, params):
+        from verl.workers.rollout.base import GenerationOutput
+
+        counters = [self.full, self.lora, self.post, self.received]
+        return [[GenerationOutput(list(counters), None, "length")] for _ in requests]
+
+    def score(self, sequences):
+        return [list(self.sums) for _ in sequences]
+
+    def sleep(self, tags=("weights", "kv_cache")):
+        pass
+
+    def wake_up(self, tags=("weights", "kv_cache")):
+        pass

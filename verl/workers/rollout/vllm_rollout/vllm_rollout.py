@@ -1,0 +1,268 @@
+"""Colocated vLLM rollout engine (``actor_rollout_ref.rollout.name=vllm``).
+
+The engine lives in the trainer's process: on GPU/NPU one shard per trainer rank through vLLM's external
+launcher (tensor parallel across the ranks of a rollout group), with sleep mode to hand memory back during
+training; on the CPU build a single in-process engine without sleep mode.
+
+Weight sync is the layerwise in-place reload (``worker.reload_weights(weights_iterator=...,
+is_checkpoint_format=True)``): the engine's own checkpoint loader fuses and shards the HF tensors, so the
+trainer streams full HF-named tensors bucket by bucket and the engine never holds a second copy. Every sync
+is followed by :func:`verl.workers.weight_sync.check_coverage`. LoRA adapters go through a directory in
+PEFT's saved format and a ``LoRARequest`` (vLLM has no tensor-based LoRA request).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Iterable, Optional
+
+import torch
+
+from verl.workers.rollout.base import BaseRollout, GenerationOutput, GenerationRequest, SamplingParams
+from verl.workers.weight_sync import Qwen35Layout, check_coverage, to_engine_loader_format, write_lora_adapter
+
+from .engine_args import bucket_megabytes, build_llm_kwargs, to_generation_outputs, vllm_sampling_kwargs
+
+logger = logging.getLogger(__name__)
+
+_INSTALL_HINT = (
+    "vLLM is not installed; install the extra with `pip install -e .[vllm]` "
+    "(CPU tests: bash scripts/setup_vllm_env.sh)"
+)
+
+
+def import_vllm():
+    """``vllm`` module, or an ImportError naming the extra to install."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"{_INSTALL_HINT} ({e})") from e
+    return vllm
+
+
+def _accelerator() -> Optional[str]:
+    if torch.cuda.is_available():
+        return "cuda"
+    try:
+        import torch_npu  # noqa: F401
+
+        if torch.npu.is_available():
+            return "npu"
+    except ImportError:
+        pass
+    return None
+
+
+class vLLMRollout(BaseRollout):
+    """``BaseRollout`` on ``vllm.LLM``; see the module docstring."""
+
+    def __init__(self, config, model_config, tokenizer, module=None, processor=None):
+        self.config = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.device = _accelerator()
+        self.bucket_megabytes = bucket_megabytes(config)
+        self.layered_summon = bool(config.get("layered_summon", False)) if hasattr(config, "get") else False
+        # The engine must run in this process: weights stream through a Python iterator.
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+            raise RuntimeError("the colocated vLLM rollout needs VLLM_ENABLE_V1_MULTIPROCESSING=0")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+        from transformers import AutoConfig
+
+        path = str(model_config.get("local_path") or model_config.get("path"))
+        trust = bool(model_config.get("trust_remote_code", False))
+        self.hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
+        is_vl = hasattr(self.hf_config, "vision_config")
+        self.lora_rank = int(model_config.get("lora_rank", 0) or 0)
+        kwargs = build_llm_kwargs(config, model_config, on_gpu=self.device is not None, is_vl=is_vl)
+        self.llm = self._create_engine(kwargs)
+        self._sleep_supported = self._sleep_mode_available() and kwargs.get("enable_sleep_mode", False)
+        self._engine_names = self._engine_param_names()
+        self.layout = Qwen35Layout.from_hf_config(self.hf_config, language_model_only=True).matching_engine(
+            self._engine_names
+        )
+        self._lora_request = None
+        self._lora_dir = tempfile.mkdtemp(prefix="verl_vllm_lora_")
+        self._lora_version = 0
+        self.is_sleeping = False
+
+    # ------------------------------------------------------------------ engine plumbing
+    def _create_engine(self, kwargs: dict):
+        vllm = import_vllm()
+        from verl.utils.vllm.rope_patch import rope_ignore_keys_as_set
+
+        if self.device == "npu":
+            from verl.utils.vllm.ascend_moe import require_nz_disabled
+            from verl.utils.vllm.npu_vllm_patch import apply_npu_vllm_patches
+
+            if kwargs.get("enable_sleep_mode"):
+                require_nz_disabled()
+            apply_npu_vllm_patches(getattr(self.hf_config, "model_type", None))
+        logger.info("creating vLLM engine: %s", {k: v for k, v in kwargs.items() if k != "model"})
+        with rope_ignore_keys_as_set():
+            return vllm.LLM(**kwargs)
+
+    def _sleep_mode_available(self) -> bool:
+        from vllm.platforms import current_platform
+
+        check = getattr(current_platform, "is_sleep_mode_available", None)
+        return bool(check()) if check is not None else False
+
+    @property
+    def worker(self):
+        executor = self.llm.llm_engine.model_executor
+        return executor.driver_worker.worker
+
+    @property
+    def engine_model(self) -> torch.nn.Module:
+        return self.worker.model_runner.model
+
+    def _engine_param_names(self) -> set[str]:
+        # With LoRA enabled, vLLM wraps layers and their weights gain a ``base_layer.`` segment.
+        return {n.replace(".base_layer.", ".") for n, _ in self.engine_model.named_parameters()}
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[GenerationOutput]]:
+        vllm = import_vllm()
+        if self.is_sleeping:
+            raise RuntimeError("vLLM rollout is asleep; call wake_up() before generate()")
+        prompts = []
+        for r in requests:
+            p: dict[str, Any] = {"prompt_token_ids": list(r.prompt_token_ids)}
+            if r.multi_modal_data:
+                p["multi_modal_data"] = r.multi_modal_data
+            prompts.append(p)
+        sp = vllm.SamplingParams(**vllm_sampling_kwargs(params))
+        outs = self.llm.generate(prompts, sp, use_tqdm=False, lora_request=self._lora_request)
+        return [to_generation_outputs(o, params.logprobs) for o in outs]
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Engine log-probs of each token of each sequence given its prefix (first token excluded).
+
+        Temperature 1, no top-k/top-p: comparable to the trainer's ``log_softmax`` of the logits.
+        """
+        vllm = import_vllm()
+        sp = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        outs = self.llm.generate(
+            [{"prompt_token_ids": list(s)} for s in sequences], sp, use_tqdm=False, lora_request=self._lora_request
+        )
+        result = []
+        for seq, o in zip(sequences, outs):
+            steps = o.prompt_logprobs[1:]
+            result.append([float(step[t].logprob) for step, t in zip(steps, seq[1:])])
+        return result
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], **kwargs) -> None:
+        lora = kwargs.get("lora")
+        if lora:
+            self._load_lora(weights, lora)
+            return
+        written: list[str] = []
+        writer = self._ascend_expert_writer() if self.device == "npu" and self.layout.moe else None
+
+        def tap():
+            for name, tensor in to_engine_loader_format(weights, self.layout):
+                written.append(name)
+                if writer is not None and writer.offer(name, tensor):
+                    continue  # written straight into the runtime layout, kept away from the loader
+                yield name, tensor
+
+        self.worker.reload_weights(weights_iterator=tap(), is_checkpoint_format=True)
+        if writer is not None:
+            self._finish_ascend_experts(writer)
+        check_coverage(self._engine_names, written, self.layout)
+        # Cached prefixes hold KV computed with the old weights.
+        self.llm.reset_prefix_cache()
+
+    def _ascend_expert_writer(self):
+        """vLLM-Ascend colocated path: fused HF experts go straight into the post-processed runtime layout."""
+        from vllm.distributed import parallel_state as ps
+
+        from verl.utils.vllm.ascend_moe import RuntimeExpertWriter
+
+        text = getattr(self.hf_config, "text_config", self.hf_config)
+        return RuntimeExpertWriter(
+            self.engine_model,
+            hidden_size=int(text.hidden_size),
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            tp_size=ps.get_tensor_model_parallel_world_size(),
+            experts_path=self.layout.engine_experts_path,
+        )
+
+    @staticmethod
+    def _finish_ascend_experts(writer) -> None:
+        from verl.utils.vllm.ascend_moe import PostLoadGuard
+
+        writer.finish()
+
+        def post_process(layer):
+            layer.quant_method.process_weights_after_loading(layer)
+
+        # Layers written in runtime layout are skipped: a second post-process would transpose them back.
+        PostLoadGuard("colocated").after_load(writer.layers, post_process)
+
+    def _load_lora(self, weights, lora: dict) -> None:
+        lora_id = int(lora.get("lora_int_id", 1))
+        self._lora_version += 1
+        path = os.path.join(self._lora_dir, f"v{self._lora_version}")
+        write_lora_adapter(path, weights, lora["peft_config"])
+        from vllm.lora.request import LoRARequest
+
+        if self._lora_request is not None:
+            # Same id, new tensors: drop the cached adapter so the next request loads the new directory.
+            self.llm.llm_engine.remove_lora(self._lora_request.lora_int_id)
+            shutil.rmtree(self._lora_request.lora_path, ignore_errors=True)
+        self._lora_request = LoRARequest(f"verl_lora_{lora_id}", lora_id, path)
+        self.llm.llm_engine.add_lora(self._lora_request)
+
+    # ------------------------------------------------------------------ memory
+    def sleep(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        if not self._sleep_supported:
+            logger.info("vLLM sleep mode unavailable on this platform (or free_cache_engine=False): sleep is a no-op")
+            return
+        # Level 1 keeps a CPU copy of the weights (needed when only a LoRA adapter is re-synced);
+        # level 2 drops them, as a full sync follows the next wake-up.
+        level = 1 if self.lora_rank > 0 or "weights" not in tags else 2
+        self.llm.sleep(level=level)
+        self.is_sleeping = True
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        if not self._sleep_supported:
+            logger.info("vLLM sleep mode unavailable on this platform: wake_up is a no-op")
+            return
+        if self.device == "npu":
+            from verl.utils.vllm.ascend_moe import require_nz_disabled
+
+            require_nz_disabled()
+        self.llm.wake_up(tags=list(tags))
+        if set(tags) >= {"weights", "kv_cache"}:
+            self.is_sleeping = False
+
+    def shutdown(self) -> None:
+        """Tear the engine down, including vLLM's process-global parallel state (so another engine, e.g. a
+        different model, can be created in this process)."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            if engine is not None and hasattr(engine, "engine_core") and hasattr(engine.engine_core, "shutdown"):
+                engine.engine_core.shutdown()
+            del llm
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+        import gc
+
+        gc.collect()
+        shutil.rmtree(self._lora_dir, ignore_errors=True)
+
+    def __del__(self):  # best effort: adapters are rewritten on every LoRA sync
+        d = getattr(self, "_lora_dir", None)
+        if d:
+            shutil.rmtree(d, ignore_errors=True)
