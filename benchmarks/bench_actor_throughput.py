@@ -1,0 +1,314 @@
+"""Actor training throughput (useful tokens/s) and training-step MFU for Qwen3.5: packed vs stock padded.
+
+One actor micro-step = forward + backward of the PPO clipped policy loss (token-mean over response tokens,
+entropy also computed) over a GRPO-like batch: 16 sequences, prompts uniform 100-500 tokens, responses
+log-normal (median 700, sigma 0.9) clipped to 50-4000, fixed seed (18,662 real tokens, longest 2,446).
+The optimizer step is not included. The same model instance and weights serve every row:
+
+  stock         : unpatched ``transformers`` Qwen3_5ForCausalLM on the right-padded batch (B, L_max) with a
+                  2D attention mask (with fla installed, transformers runs fla's chunked delta rule on the
+                  padded rows), materialised logits -> fp32 -> log-prob of the labels (+ entropy, no grad);
+                  ``--stock-micro`` sequences per forward (gradient accumulation), every micro-batch padded
+                  to the batch's L_max, so the padded work is that of one (16, L_max) batch.
+  packed_<be>   : this project's path: ``apply_monkey_patch(use_remove_padding=True, use_fused_kernels=True,
+                  fused_kernels_backend=<be>)``, the batch packed by ``verl.workers.actor.inputs
+                  .pack_micro_batch`` into one (1, 18662) row with position ids restarting per sequence
+                  (fla varlen GDN, block-diagonal attention), log-probs / entropy fused with the LM head.
+
+Both sides use gradient checkpointing (``use_reentrant=False``) and bf16 parameters (no fp32 master copy).
+Useful tokens/s = real (non-pad) tokens / median step time (CUDA events, after warm-up). MFU: model FLOPs of
+the real tokens (``verl.utils.flops_counter.count_flops``: 3 x forward, both layer types, causal attention,
+chunked delta rule; recomputation from checkpointing not counted) per second, over the bf16 matmul ceiling
+measured in the same run (8192^3 ``torch.mm`` loop) and over the datasheet peak.
+
+    python benchmarks/bench_actor_throughput.py            # CUDA: Qwen3.5-2B shape, bf16
+    python benchmarks/bench_actor_throughput.py --smoke    # tiny shapes; runs on CPU (torch backend only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+_T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[actor +{time.time() - _T0:5.1f}s] {msg}", flush=True)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import fmt_table, grpo_length_mix, matmul_ceiling_tflops, median, sync, time_fn  # noqa: E402
+
+SHAPE_2B = dict(
+    hidden_size=2048,
+    num_hidden_layers=24,
+    intermediate_size=6144,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_num_value_heads=16,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    vocab_size=248320,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
+)
+SHAPE_SMOKE = dict(num_hidden_layers=4, vocab_size=4096)
+
+
+def build_model(shape: dict, device: torch.device, dtype: torch.dtype):
+    import transformers as tf
+
+    from verl.models.tiny import tiny_text_config_kwargs
+
+    cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**shape))
+    cfg.architectures = ["Qwen3_5ForCausalLM"]
+    cfg.use_cache = False
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = tf.Qwen3_5ForCausalLM(cfg)
+    model = model.to(dtype)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model, cfg
+
+
+def make_batch(prompts, responses, vocab: int, device, seed: int = 0) -> dict:
+    """Right-padded (B, L_max) batch plus per-token RL tensors aligned to 'position t predicts token t+1'."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [p + r for p, r in zip(prompts, responses)]
+    b, lmax = len(lengths), max(lengths)
+    input_ids = torch.randint(0, vocab, (b, lmax), generator=gen)
+    attention_mask = torch.zeros(b, lmax, dtype=torch.long)
+    loss_mask = torch.zeros(b, lmax)  # 1 at positions whose *next* token is a response token
+    for i, (p, n) in enumerate(zip(prompts, lengths)):
+        attention_mask[i, :n] = 1
+        loss_mask[i, p - 1 : n - 1] = 1
+    input_ids = input_ids * attention_mask  # pad id 0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    old_log_probs = -torch.rand(b, lmax, generator=gen) * 12  # plausible log-probs of random tokens
+    advantages = torch.randn(b, 1, generator=gen).expand(b, lmax).contiguous()  # one advantage per sequence
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                 loss_mask=loss_mask, old_log_probs=old_log_probs, advantages=advantages)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def ppo_loss(log_probs, old_log_probs, advantages, mask, n_tokens: float, clip: float = 0.2):
+    """Clipped PPO surrogate, summed over masked tokens and divided by the batch's response-token count."""
+    ratio = torch.exp((log_probs - old_log_probs).clamp(-20, 20))
+    surr = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip))
+    return (surr * mask).sum() / n_tokens
+
+
+class StockStep:
+    def __init__(self, model, batch, micro: int):
+        self.model, self.batch, self.micro = model, batch, micro
+        self.n_tokens = float(batch["loss_mask"].sum())
+        self.last_log_probs = None
+
+    def __call__(self):
+        self.model.zero_grad(set_to_none=True)
+        b = self.batch["input_ids"].shape[0]
+        kept = []
+        for s in range(0, b, self.micro):
+            mb = {k: v[s : s + self.micro] for k, v in self.batch.items()}
+            logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                                position_ids=mb["position_ids"], use_cache=False).logits
+            logits = logits.float()
+            labels = torch.roll(mb["input_ids"], shifts=-1, dims=-1)
+            from verl.utils import torch_functional as verl_F
+
+            log_probs = verl_F.logprobs_from_logits(logits, labels)
+            with torch.no_grad():
+                verl_F.entropy_from_logits(logits)
+            loss = ppo_loss(log_probs, mb["old_log_probs"], mb["advantages"], mb["loss_mask"], self.n_tokens)
+            loss.backward()
+            kept.append(log_probs.detach())
+            del logits, log_probs, loss
+        self.last_log_probs = torch.cat(kept, 0)
+
+
+class PackedStep:
+    def __init__(self, model, batch):
+        from verl.workers.actor.inputs import pack_micro_batch
+
+        self.model, self.batch = model, batch
+        self.pack = pack_micro_batch
+        self.n_tokens = float(batch["loss_mask"].sum())
+        self.last_log_probs = None
+
+    def __call__(self):
+        self.model.zero_grad(set_to_none=True)
+        packed = self.pack(self.batch)
+        idx = packed.indices
+        flat = lambda k: self.batch[k].reshape(-1)[idx].unsqueeze(0)  # noqa: E731
+        out = self.model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                         use_cache=False, temperature=1.0, return_dict=True)
+        loss = ppo_loss(out.log_probs, flat("old_log_probs"), flat("advantages"), flat("loss_mask"), self.n_tokens)
+        loss.backward()
+        full = torch.zeros_like(self.batch["old_log_probs"]).reshape(-1)
+        self.last_log_probs = full.index_put((idx,), out.log_probs.detach().reshape(-1).float()).view_as(
+            self.batch["old_log_probs"])
+
+
+def run(args) -> dict:
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+    from verl.utils.flops_counter import count_flops, get_device_flops
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
+    if args.smoke:
+        prompts, responses = grpo_length_mix(args.n_seqs, args.seed, (5, 20), 20.0, 0.9, (4, 60))
+        shape = SHAPE_SMOKE
+        dtype = torch.float32 if not cuda else torch.bfloat16
+    else:
+        prompts, responses = grpo_length_mix(args.n_seqs, args.seed, response_sigma=args.sigma)
+        shape = SHAPE_2B
+        dtype = torch.bfloat16
+    lengths = [p + r for p, r in zip(prompts, responses)]
+    useful, lmax = sum(lengths), max(lengths)
+    pad_frac = 1 - useful / (len(lengths) * lmax)
+    log(f"device={device} ({torch.cuda.get_device_name(device) if cuda else 'cpu'}), dtype={dtype}, "
+          f"{len(lengths)} seqs, {useful} real tokens, L_max={lmax}, padded tokens={len(lengths) * lmax}, "
+          f"pad fraction={pad_frac:.3f}")
+
+    ceiling = None
+    if not args.no_ceiling:
+        ceiling = matmul_ceiling_tflops(device, n=8192 if cuda else 512, iters=50 if cuda else 2)
+        log(f"measured matmul ceiling: {ceiling:.1f} TFLOP/s ({'bf16' if cuda else 'fp32'})")
+    datasheet = get_device_flops("T")
+
+    model, cfg = build_model(shape, device, dtype)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params / 1e9:.3f} B params, gradient checkpointing on")
+    batch = make_batch(prompts, responses, cfg.vocab_size, device)
+    train_flops = count_flops(cfg, lengths)
+    padded_flops = count_flops(cfg, [lmax] * len(lengths))
+
+    impls = args.impls.split(",")
+    if not cuda:
+        impls = [i for i in impls if i != "packed_triton"]
+    results, ref_lp = {}, None
+    mask = batch["loss_mask"].bool()
+
+    def _summary():
+        return dict(device=str(device), device_name=torch.cuda.get_device_name(device) if cuda else "cpu",
+                    n_seqs=len(lengths), useful_tokens=useful, l_max=lmax, pad_fraction=pad_frac,
+                    params=n_params, ceiling_tflops=ceiling, datasheet_tflops=datasheet,
+                    train_flops_useful=train_flops, train_flops_padded=padded_flops, results=dict(results))
+
+    for impl in impls:
+        if impl == "stock":
+            step = StockStep(model, batch, args.stock_micro)
+        elif impl.startswith("packed_"):
+            apply_monkey_patch(model, use_remove_padding=True, use_fused_kernels=True,
+                               fused_kernels_backend=impl.split("_", 1)[1])
+            step = PackedStep(model, batch)
+        else:
+            raise ValueError(f"unknown impl {impl!r}")
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        try:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            for w in range(args.warmup):
+                t0 = time.time()
+                step()
+                sync(device)
+                log(f"{impl}: warm-up {w + 1} took {time.time() - t0:.1f}s")
+            times = time_fn(step, device, 0, args.repeat)
+            peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else float("nan")
+        except torch.OutOfMemoryError as e:  # report and go on with the other rows
+            log(f"{impl}: OOM ({str(e).splitlines()[0]})")
+            results[impl] = {"oom": True}
+            model.zero_grad(set_to_none=True)
+            continue
+        t = median(times)
+        lp = step.last_log_probs
+        diff = float("nan")
+        if ref_lp is None:
+            ref_lp = lp
+        else:
+            diff = float((lp[mask] - ref_lp[mask]).abs().mean())
+        achieved = train_flops / t / 1e12
+        results[impl] = dict(step_s=t, times=times, tok_s=useful / t, tflops=achieved, peak_gib=peak,
+                             mfu_ceiling=achieved / ceiling if ceiling else float("nan"),
+                             mfu_datasheet=achieved / datasheet if math.isfinite(datasheet) else float("nan"),
+                             padded_tflops=(padded_flops / t / 1e12) if impl == "stock" else None,
+                             lp_mean_abs_diff=diff)
+        log(f"{impl}: median {t * 1e3:.1f} ms over {len(times)} (all: "
+            + ", ".join(f"{x * 1e3:.0f}" for x in times) + f"), {useful / t:,.0f} useful tok/s, peak {peak:.1f} GiB")
+        model.zero_grad(set_to_none=True)
+        del step
+        if impl != impls[-1]:
+            print_tables(_summary(), partial=True)
+    summary = _summary()
+    print_tables(summary)
+    return summary
+
+
+def print_tables(s: dict, partial: bool = False) -> None:
+    res = s["results"]
+    stock = res.get("stock", {})
+    base = stock.get("tok_s")
+    rows = []
+    for impl, r in res.items():
+        if r.get("oom"):
+            rows.append([impl, "OOM", "-", "-", "-", "-", "-", "-"])
+            continue
+        ratio = f"{r['tok_s'] / base:.2f}x" if base else "-"
+        rows.append([impl, f"{r['step_s'] * 1e3:.0f}", f"{r['tok_s']:,.0f}", ratio, f"{r['tflops']:.1f}",
+                     f"{100 * r['mfu_ceiling']:.1f}%", f"{100 * r['mfu_datasheet']:.1f}%", f"{r['peak_gib']:.1f}",
+                     f"{r['lp_mean_abs_diff']:.3g}"])
+    print(f"\n=== {'(partial) ' if partial else ''}(a) actor throughput, Qwen3.5 {s['params'] / 1e9:.2f}B-shape, {s['device_name']}: "
+          f"{s['n_seqs']} seqs, {s['useful_tokens']:,} useful tokens, L_max {s['l_max']}, "
+          f"pad fraction {s['pad_fraction']:.3f} (stock pads to {s['n_seqs'] * s['l_max']:,}) ===")
+    print("fwd+bwd of the PPO policy loss, gradient checkpointing on both sides, bf16 params")
+    print(fmt_table(["impl", "step ms", "useful tok/s", "vs stock", "useful TFLOP/s", "MFU (meas. ceiling)",
+                     "MFU (datasheet)", "peak GiB", "mean abs dlogp vs first row"], rows))
+    ceiling = s["ceiling_tflops"]
+    print(f"\n=== (c) training-step MFU: {s['train_flops_useful'] / 1e12:.1f} TFLOP per step on useful tokens "
+          f"(3 x fwd, GDN + full-attention layers, LM head), measured bf16 matmul ceiling "
+          f"{ceiling:.1f} TFLOP/s, datasheet {s['datasheet_tflops']:.0f} TFLOP/s ===" if ceiling else "")
+    if stock and not stock.get("oom") and stock.get("padded_tflops"):
+        print(f"stock, counting the pad tokens it computes ({s['train_flops_padded'] / 1e12:.1f} TFLOP): "
+              f"{stock['padded_tflops']:.1f} TFLOP/s = {100 * stock['padded_tflops'] / ceiling:.1f}% of the ceiling"
+              if ceiling else "")
+    print(flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny model and lengths (CPU ok)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--impls", default="stock,packed_triton,packed_torch")
+    p.add_argument("--n-seqs", type=int, default=16)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--sigma", type=float, default=0.9, help="log-normal sigma of response lengths")
+    p.add_argument("--stock-micro", type=int, default=4, help="sequences per stock forward (grad accumulation)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--no-ceiling", action="store_true", help="skip the matmul ceiling measurement")
+    p.add_argument("--json", default=None, help="write the numbers here")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.warmup, args.repeat = min(args.warmup, 1), min(args.repeat, 2)
+    summary = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1, default=float)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
