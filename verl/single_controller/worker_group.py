@@ -89,10 +89,24 @@ class ColocatedWorker:
         from verl.single_controller.worker import Worker
 
         Worker.ensure_process_group()
+        _limit_cpu_threads()
         self.roles = {role: cls(*a, **kw) for role, (cls, a, kw) in role_specs.items()}
 
     def execute(self, role: str, method: str, args: tuple, kwargs: dict):
         return getattr(self.roles[role], method)(*args, **kwargs)
+
+
+def _limit_cpu_threads() -> None:
+    """On CPU, one intra-op thread per worker by default: OpenMP threads that spin on a busy 2-core box
+    made small-model steps tens of times slower. VERL_CPU_THREADS overrides."""
+    import os
+
+    import torch
+
+    from verl.utils.device import get_device_name
+
+    if get_device_name() == "cpu":
+        torch.set_num_threads(max(1, int(os.environ.get("VERL_CPU_THREADS", "1"))))
 
 
 class LocalWorkerGroup(WorkerGroup):

@@ -116,7 +116,7 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
                                "Set trainer.launcher=local to run a single device without Ray.") from e
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     on_cpu = device == "cpu"
-    threads = max(1, (os.cpu_count() or 1) // world) if on_cpu else 1
+    threads = int(os.environ.get("VERL_CPU_THREADS", "1"))
     pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=not on_cpu,
                            cpus_per_worker=1 if on_cpu else 1, device_resource="NPU" if device == "npu" else "GPU")
     env = {"OMP_NUM_THREADS": str(threads), "VERL_CPU_THREADS": str(threads)}

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-DEMO_VERSION = "v1"
-LETTERS = "abcd"
+DEMO_VERSION = "v2"
+LETTERS = "ab"
 TASK = "letter_echo"
 
 

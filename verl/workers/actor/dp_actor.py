@@ -17,11 +17,21 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
 from verl.utils import torch_functional as verl_F
+from verl.utils.device import get_device_name
 from verl.utils.py_functional import append_to_dict
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
 from verl.workers.actor.inputs import pack_micro_batch, unpack_to_responses
 
 logger = logging.getLogger(__name__)
+
+
+def compute_device() -> torch.device:
+    name = get_device_name()
+    if name == "cpu":
+        return torch.device("cpu")
+    from verl.utils.device import get_torch_device
+
+    return torch.device(name, get_torch_device().current_device())
 
 
 class LossConfig:
@@ -50,6 +60,7 @@ class DataParallelPPOActor:
         self.use_fused_kernels = use_fused_kernels
         self.ulysses_sp_size = ulysses_sp_size
         self.dp_size = (dist.get_world_size() // ulysses_sp_size) if dist.is_initialized() else 1
+        self.device = compute_device()
 
     # ------------------------------------------------------------------ forward
     def _forward_micro_batch(self, micro_batch: dict, temperature: float, calculate_entropy: bool = False):
@@ -101,9 +112,11 @@ class DataParallelPPOActor:
             idx = None
         micro = []
         for td, g in zip(micro_tds, groups):
-            mb = {k: td[k] for k in td.keys()}
+            # Batches travel on CPU between controller and workers; compute happens on the model's device.
+            mb = {k: td[k].to(self.device) for k in td.keys()}
             if has_mm:
-                mb["multi_modal_inputs"] = _merge_mm_inputs([data.non_tensor_batch["multi_modal_inputs"][i] for i in g])
+                mm = _merge_mm_inputs([data.non_tensor_batch["multi_modal_inputs"][i] for i in g])
+                mb["multi_modal_inputs"] = {k: v.to(self.device) for k, v in mm.items()}
             micro.append(mb)
         return micro, idx
 
@@ -123,8 +136,8 @@ class DataParallelPPOActor:
             lps.append(lp)
             if ent is not None:
                 ents.append(ent)
-        log_probs = torch.cat(lps, dim=0)
-        entropys = torch.cat(ents, dim=0) if ents else None
+        log_probs = torch.cat(lps, dim=0).float().cpu()
+        entropys = torch.cat(ents, dim=0).float().cpu() if ents else None
         if idx is not None:
             rev = torch.tensor(get_reverse_idx([i for g in idx for i in g]), dtype=torch.long)
             log_probs = log_probs[rev]

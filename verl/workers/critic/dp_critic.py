@@ -25,8 +25,11 @@ class DataParallelPPOCritic:
         return values[:, -response_length - 1 : -1]
 
     def _micro(self, data: DataProto, size: int, keys: list[str]):
+        from verl.workers.actor.dp_actor import compute_device
+
+        device = compute_device()
         td = data.batch.select(*keys)
-        return [{k: td[i : i + size][k] for k in keys} for i in range(0, len(data), size)]
+        return [{k: td[i : i + size][k].to(device) for k in keys} for i in range(0, len(data), size)]
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
@@ -36,7 +39,7 @@ class DataParallelPPOCritic:
         vals = []
         for mb in self._micro(data, size, keys):
             vals.append(self._forward(mb) * mb["response_mask"])
-        return torch.cat(vals, dim=0)
+        return torch.cat(vals, dim=0).float().cpu()
 
     def update_critic(self, data: DataProto) -> dict:
         self.critic_module.train()
