@@ -173,6 +173,10 @@ def plot_reward_curve(history: list[dict], cfg: DictConfig) -> str | None:
     path = os.path.join(out_dir, "reward_curve.png")
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, scores, marker="o", ms=3, label="critic/score/mean (train)")
+    val = [(h["training/global_step"], v) for h in history for k, v in h.items()
+           if k.startswith("val-core/") and k.endswith("/mean@1")]
+    if val:
+        ax.plot([s for s, _ in val], [v for _, v in val], "s--", ms=4, label="val-core mean@1 (greedy)")
     ax.set_xlabel("step")
     ax.set_ylabel("score")
     ax.set_title(f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}")

@@ -87,10 +87,10 @@ def test_outputs_conversion():
 def test_registry_points_at_engine_and_import_error_names_extra(monkeypatch):
     import sys
 
-    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
-    from verl.workers.rollout.vllm_rollout import vllm_rollout
+    from verl.workers.rollout.base import get_rollout_class
+    from verl.workers.rollout.vllm_rollout import create_vllm_rollout, vllm_rollout
 
-    assert _ROLLOUT_REGISTRY["vllm"].endswith("vllm_rollout.vLLMRollout") and hasattr(vllm_rollout, "vLLMRollout")
+    assert get_rollout_class("vllm") is create_vllm_rollout and hasattr(vllm_rollout, "vLLMRollout")
     monkeypatch.setitem(sys.modules, "vllm", None)  # simulate a missing install
     with pytest.raises(ImportError, match=r"pip install -e \.\[vllm\]"):
         vllm_rollout.import_vllm()

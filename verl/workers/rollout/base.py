@@ -72,9 +72,11 @@ class BaseRollout(ABC):
         """Re-acquire what :meth:`sleep` released."""
 
 
+# name -> dotted path of an engine class, or of a factory with the same signature (vLLM picks colocated vs
+# server mode from ``rollout.mode``).
 _ROLLOUT_REGISTRY: dict[str, str] = {
     "hf": "verl.workers.rollout.hf_rollout.HFRollout",
-    "vllm": "verl.workers.rollout.vllm_rollout.vllm_rollout.vLLMRollout",
+    "vllm": "verl.workers.rollout.vllm_rollout.create_vllm_rollout",
 }
 
 _EXTRA_FOR = {"vllm": "vllm", "sglang": "sglang"}
@@ -85,7 +87,8 @@ def register_rollout(name: str, qualified_class_name: str) -> None:
     _ROLLOUT_REGISTRY[name] = qualified_class_name
 
 
-def get_rollout_class(name: str) -> type[BaseRollout]:
+def get_rollout_class(name: str):
+    """The engine constructor for ``name``: called as ``(config, model_config, tokenizer, module, processor)``."""
     if name not in _ROLLOUT_REGISTRY:
         raise ValueError(
             f"actor_rollout_ref.rollout.name={name!r} is not a known rollout engine; "
