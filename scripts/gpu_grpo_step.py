@@ -97,46 +97,8 @@ def build_data(path: Path, n_rows: int, filler_chars: int, seed: int = 0) -> Non
     pd.DataFrame(rows).to_parquet(path)
 
 
-def apply_device_shim() -> None:
-    """Work around a framework gap seen on the GPU (2026-11-21): the FSDP actor fed CPU micro-batches to a CUDA
-    model (``labels`` on CPU in ``logprobs_from_logits``: "index is on cpu, different from other tensors on
-    cuda:0"). Moves each actor micro-batch to the model's device and hands log-probs back on the CPU. Idempotent
-    on a framework that already does this (``.to`` of a tensor already there is a no-op)."""
-    import torch
-
-    from verl.workers.actor import dp_actor
-
-    cls = dp_actor.DataParallelPPOActor
-    if getattr(cls, "_grpo_step_shim", False):
-        return
-    orig_micro, orig_logprob = cls._micro_batches, cls.compute_log_prob
-
-    def _device(self):
-        p = next(self.actor_module.parameters())
-        return p.device
-
-    def _micro_batches(self, *a, **kw):
-        micro, idx = orig_micro(self, *a, **kw)
-        dev = _device(self)
-        return [{k: (v.to(dev) if torch.is_tensor(v) else v) for k, v in mb.items()} for mb in micro], idx
-
-    def compute_log_prob(self, *a, **kw):
-        log_probs, entropys = orig_logprob(self, *a, **kw)
-        return log_probs.cpu(), (entropys.cpu() if entropys is not None else None)
-
-    cls._micro_batches, cls.compute_log_prob, cls._grpo_step_shim = _micro_batches, compute_log_prob, True
-    print("[grpo_step] NOTE: device-placement shim active (actor micro-batches -> model device, log-probs -> cpu)",
-          flush=True)
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--_main-ppo":  # internal: main_ppo with the shim, in this (child) process
-        from verl.trainer.main_ppo import main as main_ppo
-
-        if argv[1] == "shim":
-            apply_device_shim()
-        return main_ppo(argv[2:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny model shape (CPU smoke test)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
@@ -149,7 +111,6 @@ def main(argv=None) -> int:
     p.add_argument("--response-length", type=int, default=128)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--fused", default=None, choices=[None, "torch", "triton"], help="use_fused_kernels backend")
-    p.add_argument("--no-device-shim", action="store_true", help="run main_ppo exactly as shipped")
     p.add_argument("--metrics-out", default=None, help="copy the file logger's JSONL here")
     p.add_argument("extra", nargs="*", help="more main_ppo overrides (key=value)")
     args = p.parse_args(argv)
@@ -203,8 +164,7 @@ def main(argv=None) -> int:
     pythonpath = env.get("PYTHONPATH", "")
     if str(REPO) not in pythonpath.split(os.pathsep):
         env["PYTHONPATH"] = os.pathsep.join([x for x in (pythonpath, str(REPO)) if x])
-    shim = "shim" if (device == "cuda" and not args.no_device_shim) else "noshim"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_main-ppo", shim, "--config-name", "demo", *overrides]
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-name", "demo", *overrides]
     print("[grpo_step] " + " ".join(cmd), flush=True)
     t0 = time.time()
     rc = subprocess.call(cmd, cwd=str(work), env=env)
