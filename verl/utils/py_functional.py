@@ -354,3 +354,18 @@ class DynamicEnum(metaclass=DynamicEnumMeta):
     def from_name(cls, name: str) -> Optional["DynamicEnum"]:
         """The member called ``name`` (case-insensitive), or None."""
         return cls._registry.get(name.upper())
+
+
+def config_get(cfg, key: str, default=None):
+    """Read ``key`` from a dataclass, DictConfig, dict or None alike (None gives ``default``)."""
+    if cfg is None:
+        return default
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    getter = getattr(cfg, "get", None)
+    if callable(getter):
+        try:
+            return getter(key, default)
+        except TypeError:
+            pass
+    return getattr(cfg, key, default)

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from verl.trainer.ppo._masked import masked_whiten
+from verl.utils.py_functional import config_get
+from verl.utils.torch_functional import masked_whiten
 
 __all__ = [
     "compute_gae_advantage_return",
@@ -61,20 +62,6 @@ def _dense_group_ids(index, device) -> torch.Tensor:
     lookup: dict[Any, int] = {}
     ids = [lookup.setdefault(label, len(lookup)) for label in _labels(index)]
     return torch.tensor(ids, dtype=torch.long, device=device)
-
-
-def _cfg(config, key: str, default=None):
-    if config is None:
-        return default
-    if isinstance(config, dict):
-        return config.get(key, default)
-    getter = getattr(config, "get", None)
-    if callable(getter):
-        try:
-            return getter(key, default)
-        except TypeError:
-            pass
-    return getattr(config, key, default)
 
 
 def _group_mean_std(scores: Tensor, rows: list[int]):
@@ -198,7 +185,7 @@ def compute_gdpo_outcome_advantage(
     components = [token_level_rewards]
     weights = None
     if config is not None and non_tensor_batch is not None and batch is not None:
-        keys = _cfg(config, "gdpo_reward_keys")
+        keys = config_get(config, "gdpo_reward_keys")
         assert keys, "GDPO requires 'algorithm.gdpo_reward_keys' naming the reward components to normalise."
         prompt_len = batch["prompts"].size(1)
         last_tok = batch["attention_mask"][:, prompt_len:].sum(dim=1) - 1
@@ -212,7 +199,7 @@ def compute_gdpo_outcome_advantage(
             vals = torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=comp.device)
             comp[rows, last_tok] = vals
             components.append(comp)
-        w = _cfg(config, "gdpo_reward_weights")
+        w = config_get(config, "gdpo_reward_weights")
         weights = list(w) if w is not None else None
     if weights is None:
         weights = [1.0] * len(components)
@@ -241,7 +228,7 @@ def compute_grpo_passk_outcome_advantage(
     ``config.norm_adv_by_std_in_grpo``, default True); all others get 0.
     ``config`` is required and its flag takes precedence over the argument."""
     assert config is not None, "grpo_passk needs the algorithm config"
-    norm_by_std = _cfg(config, "norm_adv_by_std_in_grpo", True)
+    norm_by_std = config_get(config, "norm_adv_by_std_in_grpo", True)
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         out = torch.zeros_like(scores)
@@ -352,7 +339,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     whitened over the batch.  Masked positions get return 0 but let the running
     return pass through, so a reward after an observation span reaches earlier tokens."""
     assert config is not None, "reinforce_plus_plus needs the algorithm config (for gamma)"
-    gamma = _cfg(config, "gamma")
+    gamma = config_get(config, "gamma")
     with torch.no_grad():
         mask = response_mask.to(token_level_rewards.dtype)
         returns = torch.zeros_like(token_level_rewards)

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.trainer.ppo._masked import masked_mean
+from verl.utils.py_functional import config_get
+from verl.utils.torch_functional import masked_mean
 
 __all__ = [
     "KL_PENALTY_TYPES",
@@ -122,29 +123,17 @@ class FixedKLController:
         return None
 
 
-def _field(cfg: Any, key: str, default: Any = None) -> Any:
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    getter = getattr(cfg, "get", None)
-    if callable(getter):
-        try:
-            return getter(key, default)
-        except TypeError:
-            pass
-    return getattr(cfg, key, default)
-
-
 def get_kl_controller(kl_ctrl: Any):
     """Build a KL controller from a config with ``type`` ("fixed" | "adaptive"), ``kl_coef``,
     and for adaptive also ``target_kl`` and ``horizon``."""
-    kind = _field(kl_ctrl, "type")
+    kind = config_get(kl_ctrl, "type")
     if kind == "fixed":
-        return FixedKLController(kl_coef=_field(kl_ctrl, "kl_coef"))
+        return FixedKLController(kl_coef=config_get(kl_ctrl, "kl_coef"))
     if kind == "adaptive":
-        horizon = _field(kl_ctrl, "horizon")
+        horizon = config_get(kl_ctrl, "horizon")
         assert horizon > 0, f"horizon must be larger than 0. Got {horizon}"
         return AdaptiveKLController(
-            init_kl_coef=_field(kl_ctrl, "kl_coef"), target_kl=_field(kl_ctrl, "target_kl"), horizon=horizon
+            init_kl_coef=config_get(kl_ctrl, "kl_coef"), target_kl=config_get(kl_ctrl, "target_kl"), horizon=horizon
         )
     raise NotImplementedError(f"Unknown kl_ctrl.type {kind!r}. Valid choices: ['fixed', 'adaptive']")
 

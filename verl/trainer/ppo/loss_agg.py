@@ -24,7 +24,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from verl.trainer.ppo._masked import clip_by_value, entropy_from_logits, masked_mean, masked_sum
+from verl.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean, masked_sum
 
 __all__ = ["AGG_LOSS_MODES", "agg_loss", "compute_entropy_loss", "compute_value_loss"]
 

@@ -27,8 +27,9 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from verl.trainer.ppo._masked import masked_mean
 from verl.trainer.ppo.loss_agg import agg_loss
+from verl.utils.py_functional import config_get
+from verl.utils.torch_functional import masked_mean
 
 __all__ = [
     "compute_policy_loss",
@@ -49,34 +50,19 @@ __all__ = [
 # ----------------------------------------------------------------------------- config helpers
 
 
-def _get(cfg, key: str, default=None):
-    """Read a field from a dataclass / DictConfig / dict / None uniformly."""
-    if cfg is None:
-        return default
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    getter = getattr(cfg, "get", None)
-    if callable(getter):
-        try:
-            return getter(key, default)
-        except TypeError:
-            pass
-    return getattr(cfg, key, default)
-
-
 def _clip_bounds(config) -> tuple[float, float]:
-    eps = _get(config, "clip_ratio", 0.2)
-    low = _get(config, "clip_ratio_low")
-    high = _get(config, "clip_ratio_high")
+    eps = config_get(config, "clip_ratio", 0.2)
+    low = config_get(config, "clip_ratio_low")
+    high = config_get(config, "clip_ratio_high")
     return (eps if low is None else low), (eps if high is None else high)
 
 
 def _batch_info(config) -> dict:
-    return dict(_get(config, "global_batch_info", None) or {})
+    return dict(config_get(config, "global_batch_info", None) or {})
 
 
 def _pl_field(config, key: str, default):
-    value = _get(_get(config, "policy_loss"), key)
+    value = config_get(config_get(config, "policy_loss"), key)
     return default if value is None else value
 
 
@@ -177,7 +163,7 @@ def compute_policy_loss_vanilla(
     """
     _require(config, "vanilla")
     low, high = _clip_bounds(config)
-    clip_ratio_c = _get(config, "clip_ratio_c", 3.0)
+    clip_ratio_c = config_get(config, "clip_ratio_c", 3.0)
     _check_dual_clip(clip_ratio_c)
 
     log_ratio = _log_ratio(log_prob, old_log_prob)
@@ -193,7 +179,7 @@ def _dppo_truncated_ratio(log_prob, old_log_prob, config):
     log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     # truncated importance weight instead of dual clip; large default limits truncation bias
-    cap = _get(config, "clip_ratio_c", 20.0)
+    cap = config_get(config, "clip_ratio_c", 20.0)
     return log_ratio, ratio, torch.clamp(ratio, max=cap).detach(), cap
 
 
@@ -283,8 +269,8 @@ def compute_policy_loss_sapo(
     _require(config, "sapo")
     log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
-    tau_pos = torch.as_tensor(_get(config, "tau_pos"), dtype=advantages.dtype, device=advantages.device)
-    tau_neg = torch.as_tensor(_get(config, "tau_neg"), dtype=advantages.dtype, device=advantages.device)
+    tau_pos = torch.as_tensor(config_get(config, "tau_pos"), dtype=advantages.dtype, device=advantages.device)
+    tau_neg = torch.as_tensor(config_get(config, "tau_neg"), dtype=advantages.dtype, device=advantages.device)
     tau = torch.where(advantages > 0, tau_pos, tau_neg)
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     losses = -gate * advantages
@@ -403,7 +389,7 @@ def compute_policy_loss_dro(
 ):
     """DRO: ``-(A * log_prob - beta/2 * (log r)^2)`` with ``beta = policy_loss.dro_beta > 0``."""
     _require(config, "dro")
-    beta = _get(_get(config, "policy_loss"), "dro_beta")
+    beta = config_get(config_get(config, "policy_loss"), "dro_beta")
     if beta is None or beta <= 0:
         raise ValueError("policy_loss.dro_beta must be a positive value when using DRO")
     log_ratio = log_prob - old_log_prob
