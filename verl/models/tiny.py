@@ -108,6 +108,43 @@ def tiny_text_config_kwargs(**overrides) -> dict:
     return kw
 
 
+# The tiny vision tower sees 4x4 patches merged 2x2, so one merged token covers 8x8 pixels. Images are
+# resized to between 2x2 and 4x4 merged tokens (16x16 .. 32x32 pixels): 4 to 16 image tokens per image.
+TINY_VL_IMAGE_PROCESSOR = dict(
+    patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=32 * 32
+)
+
+
+def build_tiny_vl_processor(tokenizer, path: str | os.PathLike | None = None, **image_overrides):
+    """The processor of a tiny Qwen3.5-VL model: the PIL image processor sized for its vision tower plus
+    ``tokenizer`` (whose chat template renders ``<|vision_start|><|image_pad|><|vision_end|>`` per image).
+
+    It is transformers' Qwen3VLProcessor (what AutoProcessor maps ``qwen3_5`` to). Its video processor needs
+    torchvision, so without torchvision the processor is built without one (images only; see
+    :mod:`verl.utils.processor`). The saved files are the usual ``processor_config.json`` /
+    ``preprocessor_config.json``, loadable with :func:`verl.utils.processor.load_processor`.
+    """
+    import transformers as tf
+
+    from verl.utils.processor import without_video_processor
+
+    image_processor = tf.Qwen2VLImageProcessorPil(**{**TINY_VL_IMAGE_PROCESSOR, **image_overrides})
+    try:
+        video_processor = tf.Qwen3VLVideoProcessor(
+            patch_size=image_processor.patch_size, merge_size=image_processor.merge_size,
+            temporal_patch_size=image_processor.temporal_patch_size,
+        )
+        processor = tf.Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                        video_processor=video_processor, chat_template=tokenizer.chat_template)
+    except ImportError:  # no torchvision
+        processor = without_video_processor(tf.Qwen3VLProcessor)(
+            image_processor=image_processor, tokenizer=tokenizer, chat_template=tokenizer.chat_template
+        )
+    if path is not None:
+        processor.save_pretrained(str(path))
+    return processor
+
+
 def build_tiny_qwen3_5(
     path: str | os.PathLike | None = None,
     kind: str = "dense",
@@ -120,7 +157,8 @@ def build_tiny_qwen3_5(
 
     kind: ``dense`` (Qwen3_5ForCausalLM), ``moe`` (Qwen3_5MoeForCausalLM), ``vl``
     (Qwen3_5ForConditionalGeneration) or ``vl_moe`` (Qwen3_5MoeForConditionalGeneration).
-    Returns the model; with ``path`` the checkpoint (and tokenizer) are written there.
+    Returns the model; with ``path`` the checkpoint (and tokenizer; for VL kinds also the processor, see
+    :func:`build_tiny_vl_processor`) are written there.
     """
     import transformers as tf
 
@@ -184,6 +222,8 @@ def build_tiny_qwen3_5(
         path.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(str(path))
         if with_tokenizer:
-            build_tiny_tokenizer(path)
+            tokenizer = build_tiny_tokenizer(path)
+            if kind in ("vl", "vl_moe"):
+                build_tiny_vl_processor(tokenizer, path)
         (path / "tiny_model.json").write_text(json.dumps({"kind": kind, "seed": seed}))
     return model

@@ -130,10 +130,18 @@ def run_ppo(cfg: DictConfig) -> dict:
     from verl.utils.tracking import Tracking
     from verl.workers.model_builder import load_tokenizer_and_processor
 
+    from transformers import AutoConfig
+
+    from verl.workers.model_builder import local_model_path
+
     tokenizer, processor = load_tokenizer_and_processor(cfg.actor_rollout_ref.model)
-    train_ds = create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, processor, is_train=True)
-    val_ds = create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, processor, is_train=False) \
-        if cfg.data.get("val_files") else None
+    # The dataset needs the model config for Qwen3.5-VL mRoPE position ids.
+    hf_config = AutoConfig.from_pretrained(local_model_path(cfg.actor_rollout_ref.model),
+                                           trust_remote_code=bool(cfg.actor_rollout_ref.model.get("trust_remote_code")))
+    train_ds = create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, processor, is_train=True,
+                                 model_config=hf_config)
+    val_ds = create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, processor, is_train=False,
+                               model_config=hf_config) if cfg.data.get("val_files") else None
     reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0, **(cfg.reward.get("reward_kwargs") or {}))
     val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=1, **(cfg.reward.get("reward_kwargs") or {}))
     use_critic = cfg.algorithm.adv_estimator == "gae"

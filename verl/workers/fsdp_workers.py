@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
@@ -86,6 +89,12 @@ class ActorRolloutRefWorker(Worker):
                                                    use_fused_kernels=False, ulysses_sp_size=sp)
         if self._is_rollout:
             self._build_rollout()
+        # Sampling draws from the global RNGs: seed them per rank so runs repeat exactly (and checkpoints
+        # restore them, so a resumed run continues the same stream).
+        seed = int(cfg.rollout.get("seed", 42) or 0) + self.rank
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        random.seed(seed)
         return True
 
     def _normalize_batch_sizes(self):
@@ -153,7 +162,12 @@ class ActorRolloutRefWorker(Worker):
             out = self.agent_loop.generate_sequences(prompts)
         else:
             out = generate_sequences(self.rollout, prompts, self.config.rollout, self.eos_ids, self.pad_token_id)
-        out.meta_info["timing"] = {"generate_sequences": time.time() - t0}
+        # Numbers that differ between data-parallel ranks go in meta_info["metrics"] as one dict per rank:
+        # DataProto.concat merges that key into lists, and rejects any other key whose values differ.
+        rank_metrics = dict(out.meta_info.pop("agent_loop_metrics", None) or {})
+        out.meta_info.pop("metrics", None)  # per-sample agent-loop metrics; aggregated in agent_loop_metrics
+        rank_metrics["timing_s/generate_sequences"] = time.time() - t0
+        out.meta_info["metrics"] = [rank_metrics]
         return out
 
     # ------------------------------------------------------------------ log-probs

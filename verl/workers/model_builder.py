@@ -40,7 +40,9 @@ def local_model_path(model_cfg) -> str:
 
 def load_tokenizer_and_processor(model_cfg):
     """Tokenizer (must have a chat template) and, for VL checkpoints, the processor."""
-    from transformers import AutoProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from verl.utils.processor import load_processor
 
     path = local_model_path(model_cfg)
     tok_path = os.path.expanduser(str(model_cfg.get("tokenizer_path") or path))
@@ -58,7 +60,8 @@ def load_tokenizer_and_processor(model_cfg):
         tokenizer.pad_token = tokenizer.eos_token
     processor = None
     try:
-        processor = AutoProcessor.from_pretrained(tok_path, trust_remote_code=trust)
+        # Like AutoProcessor, but image-only where the video processor needs the missing torchvision.
+        processor = load_processor(tok_path, trust_remote_code=trust)
         if processor is tokenizer or not hasattr(processor, "image_processor"):
             processor = None
     except (OSError, ValueError, TypeError, KeyError):

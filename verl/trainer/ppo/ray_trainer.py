@@ -279,10 +279,8 @@ class RayPPOTrainer:
             gen.meta_info = {"global_steps": self.global_steps}
             with marked_timer("gen", timing):
                 gen_out = self._dp_call(self.actor_rollout_wg.generate_sequences, gen)
-            # Per-sample agent-loop metrics stay out of meta_info; their aggregates are logged.
-            gen_out.meta_info.pop("metrics", None)
-            gen_out.meta_info.pop("timing", None)
-            metrics.update(gen_out.meta_info.pop("agent_loop_metrics", {}) or {})
+            # One metrics dict per data-parallel rank (merged by DataProto.concat); agent-loop ones are logged.
+            metrics.update(_combine_agent_loop_metrics(gen_out.meta_info.pop("metrics", None)))
             batch = self._merge_generation(batch, gen_out)
             if "response_mask" not in batch.batch.keys():
                 batch.batch["response_mask"] = compute_response_mask(batch)
@@ -336,6 +334,24 @@ class RayPPOTrainer:
             raise ValueError(f"the training batch ({len(batch)} responses) must divide by the world size "
                              f"{self.world_size}; adjust data.train_batch_size or rollout.n")
         return method(padded)
+
+
+def _combine_agent_loop_metrics(rank_metrics) -> dict[str, float]:
+    """The ranks' ``agent_loop/*`` aggregates as one: ``/max`` by max, ``/min`` by min, the rest by mean
+    (ranks hold equally many samples). Accepts concat's dict of lists or a list of per-rank dicts."""
+    if isinstance(rank_metrics, (list, tuple)):
+        merged: dict[str, list] = {}
+        for m in rank_metrics:
+            for k, v in (m or {}).items():
+                merged.setdefault(k, []).append(v)
+        rank_metrics = merged
+    out: dict[str, float] = {}
+    for k, v in (rank_metrics or {}).items():
+        if not k.startswith("agent_loop/"):
+            continue
+        vals = [float(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+        out[k] = max(vals) if k.endswith("/max") else min(vals) if k.endswith("/min") else sum(vals) / len(vals)
+    return out
 
 
 def _mean_over_ranks(per_rank: list[dict]) -> dict[str, float]:

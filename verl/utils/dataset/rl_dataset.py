@@ -149,9 +149,13 @@ class RLHFDataset(Dataset):
         config: the ``data`` config section (DictConfig or dict); see the attributes set in ``__init__``.
         processor: a multimodal processor; needed only for rows that carry images or videos.
         max_samples: keep at most this many rows (``-1``: all); random when ``config.shuffle`` is set.
+        model_config: the model's HF config (or its directory). For mRoPE models (Qwen3.5-VL) every row's
+            ``position_ids`` are then ``(4, L)`` - text positions, then the t/h/w rows the model's own
+            ``get_rope_index`` gives - so image and text rows collate together. Default: with a processor,
+            the config next to the tokenizer (``tokenizer.name_or_path``) when there is one.
     """
 
-    def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
+    def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1, model_config=None):
         if isinstance(data_files, str | os.PathLike):
             data_files = [data_files]
         data_files = [os.path.expanduser(os.fspath(f)) for f in _to_container(data_files)]
@@ -190,6 +194,7 @@ class RLHFDataset(Dataset):
             raise ValueError(f"RLHFDataset: data.max_prompt_length must be positive, got {self.max_prompt_length}")
         self._check_chat_template()
         self.pad_token_id = self._resolve_pad_token_id()
+        self._init_rope_indexer(model_config)
         self._read_files_and_tokenize()
 
     # ------------------------------------------------------------------ setup
@@ -205,6 +210,46 @@ class RLHFDataset(Dataset):
                 "cannot be rendered; use a chat/instruct tokenizer, or set data.custom_chat_template to a Jinja "
                 "chat template string"
             )
+
+    def _init_rope_indexer(self, model_config):
+        """Set up mRoPE position ids (``self.rope_indexer``; None for text-position models)."""
+        self.rope_indexer = None
+        self._model_config = None
+        self.image_token_id = self.video_token_id = None
+        if model_config is None and self.processor is None:
+            return  # text-only model: no processor, plain positions
+        if model_config is None or isinstance(model_config, str | os.PathLike):
+            path = model_config if model_config is not None else getattr(self.tokenizer, "name_or_path", None)
+            model_config = None
+            if path and os.path.isfile(os.path.join(os.path.expanduser(os.fspath(path)), "config.json")):
+                from transformers import AutoConfig
+
+                trust = bool(_cfg_get(self.config, "trust_remote_code", False))
+                try:
+                    model_config = AutoConfig.from_pretrained(os.path.expanduser(os.fspath(path)),
+                                                              trust_remote_code=trust)
+                except (OSError, ValueError) as err:
+                    logger.warning("RLHFDataset: could not read the model config at %s (%s); multimodal rows "
+                                   "get text position ids", path, err)
+        if model_config is None:
+            return
+        from verl.experimental.agent_loop.agent_loop import rope_indexer_from_config
+
+        self.rope_indexer = rope_indexer_from_config(model_config)
+        self._model_config = model_config if self.rope_indexer is not None else None  # rebuilt after unpickling
+        if self.rope_indexer is not None:
+            self.image_token_id = getattr(model_config, "image_token_id", None)
+            self.video_token_id = getattr(model_config, "video_token_id", None)
+
+    def _position_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mm_inputs) -> torch.Tensor:
+        """``(L,)`` text positions, or ``(4, L)`` for mRoPE models (shared with the agent loop's helper)."""
+        if self.rope_indexer is None:
+            return torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0).long()
+        from verl.experimental.agent_loop.agent_loop import compute_position_ids
+
+        pos = compute_position_ids(input_ids.unsqueeze(0), attention_mask.unsqueeze(0), mm_inputs,
+                                   self.rope_indexer, self.image_token_id, self.video_token_id)
+        return pos[0].long()
 
     def _resolve_pad_token_id(self) -> int:
         pad = getattr(self.tokenizer, "pad_token_id", None)
@@ -270,8 +315,18 @@ class RLHFDataset(Dataset):
         self._read_files_and_tokenize()
 
     def __getstate__(self):
-        # Plain-dict rows, tokenizer and config all pickle; nothing (file handles, generators) needs dropping.
-        return self.__dict__.copy()
+        # Plain-dict rows, tokenizer and config all pickle; the mRoPE indexer (bound methods of the model
+        # class) is rebuilt from the model config.
+        state = self.__dict__.copy()
+        state["rope_indexer"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if self.__dict__.get("_model_config") is not None:
+            from verl.experimental.agent_loop.agent_loop import rope_indexer_from_config
+
+            self.rope_indexer = rope_indexer_from_config(self._model_config)
 
     def __len__(self):
         return len(self.dataframe)
@@ -357,6 +412,9 @@ class RLHFDataset(Dataset):
         mask = inputs.pop("attention_mask", None)
         out["attention_mask"] = torch.as_tensor(mask)[0] if mask is not None else torch.ones_like(out["input_ids"])
         inputs.pop("second_per_grid_ts", None)  # not a model forward argument
+        # Per unpadded token, so it cannot travel with padded batches; position ids already carry what the
+        # model derives from it, and engines rebuild it from the token ids.
+        inputs.pop("mm_token_type_ids", None)
         out["multi_modal_data"] = {k: v for k, v in (("image", images), ("video", videos)) if v}
         out["multi_modal_inputs"] = inputs
         return out
@@ -382,18 +440,16 @@ class RLHFDataset(Dataset):
         pad = limit - len(input_ids)
         input_ids = torch.cat([torch.full((pad,), self.pad_token_id, dtype=input_ids.dtype), input_ids])
         attention_mask = torch.cat([torch.zeros(pad, dtype=attention_mask.dtype), attention_mask])
-        # Positions count only real tokens; left padding sits at position 0.
-        position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)
-        return input_ids.long(), attention_mask.long(), position_ids.long()
+        return input_ids.long(), attention_mask.long()
 
     def __getitem__(self, item: int) -> dict:
         row = dict(self.dataframe[item])
         origin = self._origins[item]
         enc = self._encode(row, origin)
         multimodal = enc["multi_modal_data"] is not None
-        input_ids, attention_mask, position_ids = self._pad_left(
-            enc["input_ids"], enc["attention_mask"], origin, multimodal
-        )
+        input_ids, attention_mask = self._pad_left(enc["input_ids"], enc["attention_mask"], origin, multimodal)
+        # Positions count only real tokens; left padding sits at position 0.
+        position_ids = self._position_ids(input_ids, attention_mask, enc["multi_modal_inputs"])
 
         row.pop(self.prompt_key, None)
         row.pop(self.image_key, None)
@@ -406,10 +462,11 @@ class RLHFDataset(Dataset):
         if len(raw_ids) > self.max_prompt_length and self.truncation != "error":
             raw_ids = truncate_ids(raw_ids, self.max_prompt_length, self.truncation)
         row["raw_prompt_ids"] = list(raw_ids)
-        if multimodal:
-            row["multi_modal_data"] = enc["multi_modal_data"]
+        if multimodal or self.rope_indexer is not None:
+            # A VL model's text-only rows carry empty ones, so mixed batches collate (same keys everywhere).
+            row["multi_modal_data"] = enc["multi_modal_data"] or {}
             if self.return_multi_modal_inputs:
-                row["multi_modal_inputs"] = enc["multi_modal_inputs"]
+                row["multi_modal_inputs"] = enc["multi_modal_inputs"] or {}
         if self.return_raw_chat:
             row["raw_prompt"] = enc["messages"]
         if self.return_full_prompt:
@@ -482,12 +539,19 @@ def get_dataset_class(data_config):
     return RLHFDataset
 
 
-def create_rl_dataset(data_paths, data_config, tokenizer, processor, is_train: bool = True, max_samples: int = -1):
-    """Build the train/val dataset with the class chosen by :func:`get_dataset_class`."""
+def create_rl_dataset(data_paths, data_config, tokenizer, processor, is_train: bool = True, max_samples: int = -1,
+                      model_config=None):
+    """Build the train/val dataset with the class chosen by :func:`get_dataset_class`.
+
+    ``model_config`` (the model's HF config or directory) is passed on only when given, so custom dataset
+    classes without that argument keep working.
+    """
     del is_train  # kept for interface compatibility; train and val are built the same way
     dataset_cls = get_dataset_class(data_config)
+    extra = {"model_config": model_config} if model_config is not None else {}
     return dataset_cls(
-        data_files=data_paths, tokenizer=tokenizer, processor=processor, config=data_config, max_samples=max_samples
+        data_files=data_paths, tokenizer=tokenizer, processor=processor, config=data_config, max_samples=max_samples,
+        **extra,
     )
 
 

@@ -76,8 +76,11 @@ class DataParallelPPOActor:
             log_probs = unpack_to_responses(log_probs, packed, response_length)
             entropy = unpack_to_responses(entropy, packed, response_length) if entropy is not None else None
             return entropy, log_probs
+        position_ids = micro_batch["position_ids"]
+        if position_ids.dim() == 3:  # mRoPE (B, C, L) -> (C, B, L), the layout Qwen-VL models take
+            position_ids = position_ids.transpose(0, 1)
         out = self.actor_module(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"],
-                                position_ids=micro_batch["position_ids"], use_cache=False, **mm_inputs,
+                                position_ids=position_ids, use_cache=False, **mm_inputs,
                                 **self._fused_kwargs(temperature))
         labels = torch.roll(micro_batch["input_ids"], shifts=-1, dims=-1)
         log_probs, entropy = self._token_stats(out, labels, temperature, calculate_entropy)

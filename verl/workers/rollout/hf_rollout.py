@@ -45,15 +45,20 @@ class HFRollout(BaseRollout):
 
     def _generate_batch(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         device = next(self.module.parameters()).device
-        max_len = max(len(r.prompt_token_ids) for r in requests)
+        prompts = [_expand_vision_tokens(r, self.module.config) for r in requests]
+        max_len = max(len(p) for p in prompts)
         bsz = len(requests)
         input_ids = torch.full((bsz, max_len), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((bsz, max_len), dtype=torch.long)
-        for i, r in enumerate(requests):
-            n = len(r.prompt_token_ids)
-            input_ids[i, max_len - n :] = torch.tensor(r.prompt_token_ids, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            n = len(p)
+            input_ids[i, max_len - n :] = torch.tensor(p, dtype=torch.long)
             attention_mask[i, max_len - n :] = 1
         extra = _merge_processor_outputs(requests)
+        if extra:
+            # The model derives its mRoPE positions from these (0 text, 1 image, 2 video), like the processor's.
+            extra["mm_token_type_ids"] = _mm_token_type_ids(input_ids, self.module.config).to(device)
+            extra = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in extra.items()}
         stop_ids = list(params.stop_token_ids)
         do_sample = not params.greedy
         gen_kwargs = dict(
@@ -66,6 +71,10 @@ class HFRollout(BaseRollout):
             use_cache=True,
             synced_gpus=dist.is_initialized() and dist.get_world_size() > 1,
         )
+        suppress = _vision_placeholder_ids(self.module.config)
+        if suppress:
+            # A sampled <|image_pad|> would be a placeholder without pixels in the training forward.
+            gen_kwargs["suppress_tokens"] = suppress
         if do_sample:
             gen_kwargs.update(temperature=params.temperature, top_p=params.top_p,
                               top_k=params.top_k if params.top_k > 0 else None)
@@ -75,6 +84,8 @@ class HFRollout(BaseRollout):
         with rng, gathered_for_inference(self.module):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
+            if extra:
+                _prepare_fsdp_root_for_vision(self.module)
             was_training = self.module.training
             self.module.eval()
             out = self.module.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
@@ -112,3 +123,63 @@ def _merge_processor_outputs(requests: list[GenerationRequest]) -> dict:
     if not outs:
         return {}
     return {k: torch.cat([o[k] for o in outs if k in o], dim=0) for k in outs[0]}
+
+
+def _expand_vision_tokens(request: GenerationRequest, config) -> list[int]:
+    """The request's prompt ids with one ``<|image_pad|>`` per image grown to that image's token count.
+
+    Dataset rows hand engines the prompt before vision-token expansion (``raw_prompt_ids``, which vLLM expands
+    itself); HF ``generate`` needs it expanded to match ``pixel_values``. Already expanded prompts (agent loops)
+    pass through unchanged.
+    """
+    ids = list(request.prompt_token_ids)
+    outs = (request.multi_modal_data or {}).get("processor_outputs") or {}
+    grid = outs.get("image_grid_thw")
+    image_id = getattr(config, "image_token_id", None)
+    if grid is None or image_id is None:
+        return ids
+    merge = config.vision_config.spatial_merge_size
+    counts = [int(n) for n in (torch.as_tensor(grid).prod(-1) // (merge * merge)).tolist()]
+    found = sum(t == image_id for t in ids)
+    if found == sum(counts):
+        return ids
+    if found != len(counts):
+        raise ValueError(
+            f"prompt has {found} image tokens, but its {len(counts)} images need {len(counts)} (one per image, "
+            f"unexpanded) or {sum(counts)} (expanded)"
+        )
+    expanded, k = [], 0
+    for t in ids:
+        if t == image_id:
+            expanded.extend([image_id] * counts[k])
+            k += 1
+        else:
+            expanded.append(t)
+    return expanded
+
+
+def _mm_token_type_ids(input_ids: torch.Tensor, config) -> torch.Tensor:
+    types = torch.zeros_like(input_ids, dtype=torch.int)
+    for value, name in ((1, "image_token_id"), (2, "video_token_id")):
+        tid = getattr(config, name, None)
+        if tid is not None:
+            types[input_ids == tid] = value
+    return types
+
+
+def _prepare_fsdp_root_for_vision(module: torch.nn.Module) -> None:
+    """``generate()`` encodes images (``get_image_features``) before its first forward, i.e. outside the FSDP
+    root's forward hooks. So do what the root's pre-forward would: settle which FSDP state is the root (else the
+    vision blocks, running first, would each claim to be one) and gather the root-owned weights (patch
+    embedding, merger) for the vision tower. ``gathered_for_inference`` reshards them afterwards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        return
+    module._get_fsdp_state()._lazy_init()  # no-op once the root has run a forward
+    module.unshard()
+
+
+def _vision_placeholder_ids(config) -> list[int]:
+    return [t for t in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))
+            if t is not None]

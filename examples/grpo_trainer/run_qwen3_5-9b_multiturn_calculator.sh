@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Multi-turn GRPO on Qwen3.5-9B with a calculator tool: the model calls
+#   <tool_call><function=calculator><parameter=expression>...</parameter></function></tool_call>
+# (Qwen3.5's XML format, parsed by multi_turn.format=qwen3_coder), the tool result comes back as a tool turn
+# whose tokens are masked out of the loss, and the episode goes on until a plain answer or a turn limit.
+# FSDP2 actor + colocated vLLM rollout, 8 GPUs.
+# Data: python examples/data_preprocess/gsm8k_w_tool.py --local_save_dir $HOME/data/gsm8k_w_tool
+# Model: a local copy (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-9B
+# See docs/advance/multiturn.md for the multi_turn keys, the parsers and the logged agent_loop/* metrics.
+set -xeuo pipefail
+
+REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-9B}
+DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k_w_tool}
+TOOL_CONFIG=${TOOL_CONFIG:-$REPO_DIR/examples/sglang_multiturn/config/tool_config/calculator_tool_config.yaml}
+NGPUS=${NGPUS:-8}
+
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files="$DATA_DIR/train.parquet" \
+    data.val_files="$DATA_DIR/test.parquet" \
+    data.train_batch_size=128 \
+    data.max_prompt_length=1024 \
+    data.max_response_length=2048 \
+    data.filter_overlong_prompts=True \
+    data.truncation=error \
+    data.return_raw_chat=True \
+    actor_rollout_ref.model.path="$MODEL_PATH" \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.actor.strategy=fsdp2 \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
+    actor_rollout_ref.ref.fsdp_config.param_offload=True \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.enforce_eager=True \
+    actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
+    actor_rollout_ref.rollout.multi_turn.enable=True \
+    actor_rollout_ref.rollout.multi_turn.format=qwen3_coder \
+    actor_rollout_ref.rollout.multi_turn.tool_config_path="$TOOL_CONFIG" \
+    actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5 \
+    actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1 \
+    actor_rollout_ref.rollout.multi_turn.max_tool_response_length=256 \
+    actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=middle \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2 \
+    algorithm.use_kl_in_reward=False \
+    trainer.critic_warmup=0 \
+    trainer.logger='["console"]' \
+    trainer.project_name=verl_grpo_qwen3_5_multiturn \
+    trainer.experiment_name=qwen3_5_9b_gsm8k_calculator \
+    trainer.n_gpus_per_node="$NGPUS" \
+    trainer.nnodes=1 \
+    trainer.save_freq=20 \
+    trainer.test_freq=5 \
+    trainer.total_epochs=15 "$@"
