@@ -73,7 +73,7 @@ def test_packed_bf16_model_matches_per_sequence(tiny_models, kind):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_torch_fallback_on_cuda_fp32(tiny_models, monkeypatch):
-    """The pure-torch path on GPU (fla absent or disabled) is as exact as on CPU."""
+    """The pure-torch path on GPU (fla absent or disabled) matches the stock model in fp32."""
     _torch_only(monkeypatch)
     model = tiny_models("dense").cuda()
     try:
@@ -81,6 +81,7 @@ def test_torch_fallback_on_cuda_fp32(tiny_models, monkeypatch):
         seqs = [random_ids(n, gen).cuda() for n in (7, 70)]
         patched = patched_copy(model)
         out = patched(input_ids=torch.cat(seqs, 1), position_ids=packed_positions([7, 70]).cuda()).logits
-        torch.testing.assert_close(out[:, 7:], model(input_ids=seqs[1]).logits, atol=1e-4, rtol=0)
+        # cuDNN runs the fp32 conv in TF32 by default, hence a looser bound than on CPU.
+        torch.testing.assert_close(out[:, 7:], model(input_ids=seqs[1]).logits, atol=5e-4, rtol=0)
     finally:
         model.cpu()
