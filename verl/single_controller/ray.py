@@ -30,9 +30,9 @@ class RayResourcePool:
 
 
 class RayWorkerGroup(WorkerGroup):
-    def __init__(self, actors: list, role: str, worker_cls: type):
+    def __init__(self, actors: list, role: str, worker_cls: type, dp_size: int | None = None):
         self._actors = actors
-        super().__init__(worker_cls, world_size=len(actors), role=role)
+        super().__init__(worker_cls, world_size=len(actors), role=role, dp_size=dp_size)
 
     def _call_ranks(self, method, per_rank, ranks):
         import ray
@@ -42,8 +42,11 @@ class RayWorkerGroup(WorkerGroup):
 
 
 def create_ray_worker_groups(pool: RayResourcePool, role_specs: dict[str, tuple[type, tuple, dict]],
-                             env: dict[str, str] | None = None) -> dict[str, WorkerGroup]:
-    """Start ``pool.world_size`` actors in a placement group and return one worker group per role."""
+                             env: dict[str, str] | None = None,
+                             dp_sizes: dict[str, int] | None = None) -> dict[str, WorkerGroup]:
+    """Start ``pool.world_size`` actors in a placement group and return one worker group per role.
+
+    ``dp_sizes[role]`` is that role's data-parallel size (default: the world size); see ``WorkerGroup``."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -70,4 +73,5 @@ def create_ray_worker_groups(pool: RayResourcePool, role_specs: dict[str, tuple[
         actors.append(actor_cls.options(**opts).remote(role_specs))
     # Surface constructor failures (bad model path, OOM) here rather than on the first call.
     ray.get([a.execute.remote(next(iter(role_specs)), "ping", (), {}) for a in actors])
-    return {role: RayWorkerGroup(actors, role, spec[0]) for role, spec in role_specs.items()}
+    dp_sizes = dp_sizes or {}
+    return {role: RayWorkerGroup(actors, role, spec[0], dp_size=dp_sizes.get(role)) for role, spec in role_specs.items()}

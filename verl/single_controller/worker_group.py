@@ -27,8 +27,13 @@ def _split_proto(data, world_size: int):
     return [data] * world_size
 
 
-def dispatch_args(mode: Dispatch, world_size: int, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:
-    """Per-rank (args, kwargs) for a call in the given dispatch mode."""
+def dispatch_args(mode: Dispatch, world_size: int, args: tuple, kwargs: dict,
+                  dp_size: int | None = None) -> list[tuple[tuple, dict]]:
+    """Per-rank (args, kwargs) for a call in the given dispatch mode.
+
+    DP modes split each DataProto into ``dp_size`` chunks (default: one per rank). With ``dp_size`` < world
+    (sequence parallelism), consecutive ranks form one data-parallel group and all receive its chunk.
+    """
     if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
         return [(args, kwargs)] * world_size
     if mode == Dispatch.ALL_TO_ALL:
@@ -37,17 +42,26 @@ def dispatch_args(mode: Dispatch, world_size: int, args: tuple, kwargs: dict) ->
             per_rank.append((tuple(a[r] for a in args), {k: v[r] for k, v in kwargs.items()}))
         return per_rank
     if mode in (Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_METRIC):
-        split_args = [_split_proto(a, world_size) for a in args]
-        split_kwargs = {k: _split_proto(v, world_size) for k, v in kwargs.items()}
-        return [
-            (tuple(s[r] for s in split_args), {k: v[r] for k, v in split_kwargs.items()}) for r in range(world_size)
-        ]
+        dp_size = dp_size or world_size
+        split_args = [_split_proto(a, dp_size) for a in args]
+        split_kwargs = {k: _split_proto(v, dp_size) for k, v in kwargs.items()}
+        per_dp = [(tuple(s[d] for s in split_args), {k: v[d] for k, v in split_kwargs.items()}) for d in range(dp_size)]
+        return [per_dp[dp_rank(r, world_size, dp_size)] for r in range(world_size)]
     raise ValueError(f"unknown dispatch mode {mode}")
 
 
-def collect_results(mode: Dispatch, outputs: list[Any]):
+def dp_rank(rank: int, world_size: int, dp_size: int) -> int:
+    """Data-parallel rank of ``rank``: groups of ``world_size // dp_size`` consecutive ranks share one."""
+    return rank // (world_size // dp_size)
+
+
+def collect_results(mode: Dispatch, outputs: list[Any], dp_size: int | None = None):
+    """Join per-rank outputs. DP modes given every rank's output keep one per data-parallel group (its first
+    rank): the other ranks of the group computed the same thing on the same chunk."""
     if mode == Dispatch.RANK_ZERO:
         return outputs[0]
+    if mode in (Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_METRIC) and dp_size and dp_size < len(outputs):
+        outputs = outputs[:: len(outputs) // dp_size]
     if mode == Dispatch.DP_COMPUTE_PROTO:
         from verl.protocol import DataProto
 
@@ -60,9 +74,12 @@ def collect_results(mode: Dispatch, outputs: list[Any]):
 class WorkerGroup:
     """Fans out every method registered on ``worker_cls``; subclasses provide ``_call_ranks``."""
 
-    def __init__(self, worker_cls: type, world_size: int, role: str | None = None):
+    def __init__(self, worker_cls: type, world_size: int, role: str | None = None, dp_size: int | None = None):
         self.world_size = world_size
         self._role = role
+        self.dp_size = dp_size or world_size  # < world_size when ranks of a sequence-parallel group share data
+        if world_size % self.dp_size:
+            raise ValueError(f"data-parallel size {self.dp_size} must divide the world size {world_size}")
         for name, spec in registered_methods(worker_cls).items():
             setattr(self, name, self._make_method(name, spec))
 
@@ -73,12 +90,13 @@ class WorkerGroup:
         mode, execute = spec["dispatch_mode"], spec["execute_mode"]
 
         def call(*args, **kwargs):
-            per_rank = dispatch_args(mode, self.world_size, args, kwargs)
+            per_rank = dispatch_args(mode, self.world_size, args, kwargs, self.dp_size)
             ranks = [0] if (execute == Execute.RANK_ZERO or mode == Dispatch.RANK_ZERO) else list(range(self.world_size))
             outputs = self._call_ranks(name, [per_rank[r] for r in ranks], ranks)
-            return collect_results(mode, outputs)
+            return collect_results(mode, outputs, self.dp_size if len(ranks) == self.world_size else None)
 
         call.__name__ = name
+        call.worker_group = self  # lets the trainer pad a batch to this group's data-parallel size
         return call
 
 
@@ -120,7 +138,8 @@ class LocalWorkerGroup(WorkerGroup):
         return [self._host.execute(self._role, method, a, kw) for a, kw in per_rank]
 
 
-def create_local_worker_groups(role_specs: dict[str, tuple[type, tuple, dict]]) -> dict[str, WorkerGroup]:
+def create_local_worker_groups(role_specs: dict[str, tuple[type, tuple, dict]],
+                               dp_sizes: dict[str, int] | None = None) -> dict[str, WorkerGroup]:
     """One in-process host for all roles, and one worker group per role."""
     import os
 
@@ -132,4 +151,8 @@ def create_local_worker_groups(role_specs: dict[str, tuple[type, tuple, dict]]) 
 
         os.environ["MASTER_PORT"] = str(find_free_port())
     host = ColocatedWorker(role_specs)
-    return {role: LocalWorkerGroup(host, role, spec[0]) for role, spec in role_specs.items()}
+    groups = {role: LocalWorkerGroup(host, role, spec[0]) for role, spec in role_specs.items()}
+    for role, dp in (dp_sizes or {}).items():
+        if dp != 1:
+            raise ValueError(f"the local launcher runs one rank; role {role!r} asks for data-parallel size {dp}")
+    return groups

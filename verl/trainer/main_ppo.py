@@ -84,6 +84,16 @@ def build_role_specs(cfg: DictConfig, use_critic: bool) -> dict:
     return specs
 
 
+def role_dp_sizes(cfg: DictConfig, specs: dict) -> dict[str, int]:
+    """Data-parallel size of each role: the world size, divided by the actor's Ulysses sequence-parallel size
+    for the actor/rollout/ref worker (the ranks of one SP group all receive the same data)."""
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    sp = int(cfg.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    return {role: world // sp if issubclass(spec[0], ActorRolloutRefWorker) else world for role, spec in specs.items()}
+
+
 def launch_workers(cfg: DictConfig, specs: dict) -> dict:
     from verl.utils.device import get_device_name
 
@@ -95,7 +105,7 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
         world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
         if world != 1:
             raise ValueError(f"trainer.launcher=local runs one process; set trainer.n_gpus_per_node=1 (got world {world})")
-        return create_local_worker_groups(specs)
+        return create_local_worker_groups(specs, dp_sizes=role_dp_sizes(cfg, specs))
     import ray
 
     from verl.single_controller.ray import RayResourcePool, create_ray_worker_groups
@@ -120,7 +130,7 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
     pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=not on_cpu,
                            cpus_per_worker=1 if on_cpu else 1, device_resource="NPU" if device == "npu" else "GPU")
     env = {"OMP_NUM_THREADS": str(threads), "VERL_CPU_THREADS": str(threads)}
-    return create_ray_worker_groups(pool, specs, env=env)
+    return create_ray_worker_groups(pool, specs, env=env, dp_sizes=role_dp_sizes(cfg, specs))
 
 
 def run_ppo(cfg: DictConfig) -> dict:

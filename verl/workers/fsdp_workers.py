@@ -56,6 +56,8 @@ class ActorRolloutRefWorker(Worker):
         world = dist.get_world_size()
         sp = int(cfg.actor.get("ulysses_sequence_parallel_size", 1))
         self.dp_size = world // sp
+        self.dp_rank = self.rank // sp  # consecutive ranks form one sequence-parallel group
+        self.sp_group = self._build_sp_group(world, sp)
         self.tokenizer, self.processor = load_tokenizer_and_processor(cfg.model)
         self._normalize_batch_sizes()
         if self._is_actor:
@@ -89,13 +91,33 @@ class ActorRolloutRefWorker(Worker):
                                                    use_fused_kernels=False, ulysses_sp_size=sp)
         if self._is_rollout:
             self._build_rollout()
-        # Sampling draws from the global RNGs: seed them per rank so runs repeat exactly (and checkpoints
-        # restore them, so a resumed run continues the same stream).
-        seed = int(cfg.rollout.get("seed", 42) or 0) + self.rank
+        # Sampling draws from the global RNGs: seed them per data-parallel rank so runs repeat exactly (and
+        # checkpoints restore them, so a resumed run continues the same stream). The ranks of one SP group hold
+        # the same prompts and must sample the same responses.
+        seed = int(cfg.rollout.get("seed", 42) or 0) + self.dp_rank
         torch.manual_seed(seed)
         np.random.seed(seed)
         random.seed(seed)
         return True
+
+    def _build_sp_group(self, world: int, sp: int):
+        """The Ulysses group of this rank (None without SP): a (dp, sp) mesh, consecutive ranks sharing data.
+        FSDP2 still shards over all ranks; its gradient average over dp*sp is corrected by the sp factor that
+        ``gather_outputs_and_unpad`` applies in the backward."""
+        if sp <= 1:
+            return None
+        if world % sp:
+            raise ValueError(f"actor.ulysses_sequence_parallel_size={sp} must divide the world size {world}")
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu" if self.device == "cpu" else self.device, (world // sp, sp),
+                                mesh_dim_names=("dp", "sp"))
+        return mesh["sp"].get_group()
+
+    def _sp(self):
+        """Context in which the patched model runs sequence-parallel: the SP group is registered only around
+        the actor's and reference's forwards, so a colocated critic (no SP) never sees it."""
+        return _UlyssesGroup(self.sp_group)
 
     def _normalize_batch_sizes(self):
         """Turn global batch sizes (in prompts) into per-rank sizes (in responses), as upstream does."""
@@ -182,7 +204,8 @@ class ActorRolloutRefWorker(Worker):
     def compute_log_prob(self, data: DataProto) -> DataProto:
         self._log_prob_meta(data, "rollout")
         calc_entropy = bool(data.meta_info.get("calculate_entropy", True))
-        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=calc_entropy)
+        with self._sp():
+            log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=calc_entropy)
         tensors = {"old_log_probs": log_probs}
         if entropys is not None:
             tensors["entropys"] = entropys
@@ -191,11 +214,12 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         self._log_prob_meta(data, "ref")
-        if self.ref_module is None:
-            with self.actor_module.disable_adapter():
+        with self._sp():
+            if self.ref_module is None:
+                with self.actor_module.disable_adapter():
+                    log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+            else:
                 log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
-        else:
-            log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     # ------------------------------------------------------------------ update
@@ -203,7 +227,8 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> dict:
         t0 = time.time()
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
-        metrics = self.actor.update_policy(data)
+        with self._sp():
+            metrics = self.actor.update_policy(data)
         lr = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
         metrics["actor/lr"] = lr
@@ -224,6 +249,27 @@ class ActorRolloutRefWorker(Worker):
         if self._is_rollout and self.config.rollout.name != "hf":
             self._sync_rollout_weights()
         return True
+
+
+class _UlyssesGroup:
+    """Registers ``group`` as the Ulysses SP group for the duration of a ``with`` block (no-op for None)."""
+
+    def __init__(self, group):
+        self.group, self.prev = group, None
+
+    def __enter__(self):
+        from verl.utils import ulysses
+
+        self.prev = ulysses.get_ulysses_sequence_parallel_group()
+        if self.group is not None:
+            ulysses.set_ulysses_sequence_parallel_group(self.group)
+        return self
+
+    def __exit__(self, *exc):
+        from verl.utils import ulysses
+
+        ulysses.set_ulysses_sequence_parallel_group(self.prev)
+        return False
 
 
 class CriticWorker(Worker):
@@ -247,7 +293,7 @@ class CriticWorker(Worker):
             if cfg.get("ppo_micro_batch_size") and not cfg.get("ppo_micro_batch_size_per_gpu"):
                 cfg.ppo_micro_batch_size_per_gpu = _per_rank(cfg.ppo_micro_batch_size, dp, "critic.ppo_micro_batch_size")
         self.tokenizer, _ = load_tokenizer_and_processor(cfg.model)
-        built = shard_model(cfg.model, cfg.model.fsdp_config if "fsdp_config" in cfg.model else cfg.fsdp_config,
+        built = shard_model(cfg.model, cfg.get("fsdp") or cfg.model.get("fsdp_config") or {},
                             role="critic", enable_gc=cfg.model.get("enable_gradient_checkpointing", False))
         self.critic_module = built.module
         self.critic_optimizer, self.critic_lr_scheduler = build_optimizer_and_scheduler(self.critic_module, cfg.optim)

@@ -118,9 +118,13 @@ class RayPPOTrainer:
         return total
 
     # ------------------------------------------------------------------ helpers
+    def _dp_size(self, method) -> int:
+        """Data-parallel size of the worker group ``method`` belongs to (world / Ulysses SP size)."""
+        return getattr(getattr(method, "worker_group", None), "dp_size", None) or self.world_size
+
     def _dp_call(self, method, data: DataProto) -> DataProto:
-        """Call a DP_COMPUTE_PROTO method with the batch padded to a multiple of the world size."""
-        padded, pad = pad_dataproto_to_divisor(data, self.world_size)
+        """Call a DP_COMPUTE_PROTO method with the batch padded to a multiple of its data-parallel size."""
+        padded, pad = pad_dataproto_to_divisor(data, self._dp_size(method))
         out = method(padded)
         return unpad_dataproto(out, pad)
 
@@ -329,10 +333,11 @@ class RayPPOTrainer:
         return metrics
 
     def _metric_call(self, method, batch: DataProto):
-        padded, pad = pad_dataproto_to_divisor(batch, self.world_size)
+        dp = self._dp_size(method)
+        padded, pad = pad_dataproto_to_divisor(batch, dp)
         if pad:
-            raise ValueError(f"the training batch ({len(batch)} responses) must divide by the world size "
-                             f"{self.world_size}; adjust data.train_batch_size or rollout.n")
+            raise ValueError(f"the training batch ({len(batch)} responses) must divide by the data-parallel size "
+                             f"{dp}; adjust data.train_batch_size or rollout.n")
         return method(padded)
 
 

@@ -184,11 +184,15 @@ class DataParallelPPOActor:
         return metrics
 
     def _global_batch_info(self, response_mask: torch.Tensor) -> dict:
-        """Token and sequence counts of the whole mini-batch across data-parallel ranks."""
+        """Token and sequence counts of the whole mini-batch across data-parallel ranks.
+
+        The ranks of one Ulysses SP group hold the same rows, so the sum over all ranks counts each row sp
+        times; dividing by sp gives the count over data-parallel groups."""
         counts = torch.tensor([response_mask.sum().item(), (response_mask.sum(-1) > 0).sum().item()],
                               dtype=torch.float64)
         if self.dp_size > 1:
             dist.all_reduce(counts)
+            counts /= self.ulysses_sp_size
         return {"dp_size": self.dp_size, "batch_num_tokens": counts[0].item(),
                 "global_batch_size": counts[1].item(), "loss_scale_factor": self.config.get("loss_scale_factor")}
 
