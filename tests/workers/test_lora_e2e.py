@@ -129,17 +129,16 @@ def test_moe_fused_experts_train_and_dropout_is_refused(demo_dir, moe_dir, tmp_p
     assert len(experts_b) == 2 * 4 and any(t.abs().max() > 0 for t in experts_b)
 
 
-@pytest.mark.slow
-def test_demo_still_learns_with_lora(demo_dir, tmp_path):
-    """The full demo (30 steps, ~25 min on 2 CPU cores) with the guide's recommended LoRA settings."""
-    env = {**os.environ, "VERL_DEMO_DIR": demo_dir}
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-name", "demo", "trainer.launcher=local",
-           "trainer.logger=[console]", *RECOMMENDED, "actor_rollout_ref.actor.optim.lr=2e-2",
-           "trainer.val_before_train=true", "trainer.test_freq=30", f"trainer.default_local_dir={tmp_path}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    scores = [float(s.split(":")[1]) for s in proc.stdout.replace(" - ", "\n").splitlines()
-              if s.startswith("val-core/") and "reward" in s or s.startswith("val/")]
-    train = [float(s.split(":")[1]) for s in proc.stdout.replace(" - ", "\n").splitlines()
-             if s.strip().startswith("critic/score/mean:")]
-    assert train and max(train[-5:]) > max(train[:3]) + 0.2, (train, scores)
+def test_demo_still_learns_with_lora(tmp_path):
+    """The embedded demo with the guide's recommended LoRA settings meets the same learning bar."""
+    from tests.trainer.e2e_utils import run_main_ppo, train_records
+
+    _, rec = run_main_ppo(tmp_path, ["trainer.launcher=local", *RECOMMENDED, "actor_rollout_ref.actor.optim.lr=2e-2",
+                                     "trainer.test_freq=-1", "trainer.val_before_train=false"])
+    scores = [s["critic/score/mean"] for _, s in sorted(train_records(rec).items())]
+    assert len(scores) >= 20
+    # With the embeddings and LM head frozen the adapter learns the task more slowly and more noisily than full
+    # fine-tuning (and fast early progress would inflate a first-five average), so: the last ten steps average
+    # at least 0.25 above the first three.
+    first, last = sum(scores[:3]) / 3, sum(scores[-10:]) / 10
+    assert last - first >= 0.25, (first, last, scores)

