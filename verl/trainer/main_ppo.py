@@ -77,10 +77,8 @@ def build_role_specs(cfg: DictConfig, use_critic: bool) -> dict:
     specs = {"actor_rollout": (ActorRolloutRefWorker, (cfg.actor_rollout_ref, "actor_rollout_ref"),
                                {"full_config": cfg})}
     if use_critic:
-        critic_cfg = cfg.critic
-        with open_dict(critic_cfg):
-            critic_cfg.rollout_n = cfg.actor_rollout_ref.rollout.n
-        specs["critic"] = (CriticWorker, (critic_cfg,), {})
+        # critic.rollout_n already interpolates actor_rollout_ref.rollout.n in the config.
+        specs["critic"] = (CriticWorker, (cfg.critic,), {})
     return specs
 
 
@@ -128,7 +126,7 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
     on_cpu = device == "cpu"
     threads = int(os.environ.get("VERL_CPU_THREADS", "1"))
     pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=not on_cpu,
-                           cpus_per_worker=1 if on_cpu else 1, device_resource="NPU" if device == "npu" else "GPU")
+                           cpus_per_worker=1, device_resource="NPU" if device == "npu" else "GPU")
     env = {"OMP_NUM_THREADS": str(threads), "VERL_CPU_THREADS": str(threads)}
     return create_ray_worker_groups(pool, specs, env=env, dp_sizes=role_dp_sizes(cfg, specs))
 
