@@ -37,8 +37,11 @@ def warn_fsdp_alias(strategy: Optional[str]) -> bool:
     if strategy != "fsdp" or _alias_warned:
         return False
     _alias_warned = True
-    logger.warning("strategy=fsdp: this project builds FSDP2 only, so the run uses FSDP2 (fully_shard); set "
-                   "strategy=fsdp2 to silence this warning")
+    message = ("strategy=fsdp: this project builds FSDP2 only, so the run uses FSDP2 (fully_shard); set "
+               "strategy=fsdp2 to silence this warning")
+    logger.warning(message)
+    if not dist.is_initialized() or dist.get_rank() == 0:  # worker logs reach the driver's output via stdout
+        print(f"[verl.engine] WARNING: {message}", flush=True)
     return True
 
 
