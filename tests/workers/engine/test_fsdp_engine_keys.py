@@ -238,3 +238,32 @@ def test_clip_grad_and_its_legacy_name(gloo, model_dir):
         cfg.actor.optim.clip_grad = 0.5
     with pytest.raises(ValueError, match="disagree"):
         engine._clip_grad()
+
+
+def test_role_use_torch_compile_false_also_turns_it_off(gloo, model_dir, monkeypatch):
+    from verl.workers.engine.fsdp import compile as compile_mod
+
+    monkeypatch.setattr(compile_mod, "get_device_name", lambda: "cuda")
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+    cfg = arr_config(model_dir, ["actor_rollout_ref.actor.use_torch_compile=false"])
+    assert not getattr(make_engine(cfg.actor, cfg.model, "actor")._entropy_fn, "_verl_compiled", False)
+
+
+# ------------------------------------------------------------------------------ entropy chunking / checkpointing
+def test_entropy_chunking_and_checkpointing_give_the_same_entropy_and_gradients(gloo, model_dir):
+    def grads(**keys):
+        cfg = arr_config(model_dir)
+        with open_dict(cfg.actor):
+            for k, v in keys.items():
+                cfg.actor.fsdp_config[k] = v
+            cfg.actor.entropy_coeff = 0.1
+        engine = make_engine(sgd(cfg.actor), cfg.model, "actor")
+        m = engine.train_batch(_batch(), _loss(cfg), outputs=("log_probs", "entropy"))
+        return m["actor/entropy"], m["grad_norm"]
+
+    base = grads()
+    for keys in ({"entropy_from_logits_with_chunking": True, "entropy_from_logits_chunk_size": 5},
+                 {"entropy_checkpointing": True}):
+        ent, gn = grads(**keys)
+        assert ent == pytest.approx(base[0], rel=1e-5) and gn == pytest.approx(base[1], rel=1e-5), keys

@@ -165,7 +165,8 @@ class FSDPEngine(BaseEngine):
                 return verl_F.entropy_from_logits_with_chunking(logits.reshape(-1, shape[-1]), chunk).view(shape[:-1])
         else:
             fn = verl_F.entropy_from_logits
-        if bool(_get(cfg, "use_torch_compile", True)):
+        # fsdp_config.use_torch_compile (the engine's key) and the role's use_torch_compile (actor/ref)
+        if bool(_get(cfg, "use_torch_compile", True)) and bool(_get(self.role_config, "use_torch_compile", True)):
             from .compile import maybe_compile
 
             fn = maybe_compile(fn)

@@ -122,8 +122,10 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
     mesh = create_device_mesh(world, int(fsdp_cfg.get("fsdp_size", -1) or -1), "cpu" if on_cpu else device)
     mp = None
     if not on_cpu:
-        param_dtype = torch_dtype((fsdp_cfg.get("mixed_precision") or {}).get("param_dtype"), torch.bfloat16,
-                                  "fsdp_config.mixed_precision.param_dtype")
+        # compute dtype: fsdp_config.dtype (upstream's engine key), or the older mixed_precision.param_dtype
+        legacy = (fsdp_cfg.get("mixed_precision") or {}).get("param_dtype")
+        param_dtype = torch_dtype(legacy if legacy is not None else fsdp_cfg.get("dtype"), torch.bfloat16,
+                                  "fsdp_config.dtype")
         if param_dtype != dtype:
             mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
         model = model.to(device)
