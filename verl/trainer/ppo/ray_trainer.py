@@ -8,6 +8,7 @@ touches model weights.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import shutil
@@ -33,6 +34,7 @@ from verl.trainer.ppo.metric_utils import (
     process_validation_metrics,
     reduce_metrics,
 )
+from verl.trainer.ppo.remax import greedy_reward_baselines
 from verl.trainer.ppo.reward import compute_reward
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,8 @@ def compute_advantage(data: DataProto, adv_estimator, gamma: float = 1.0, lam: f
             kwargs["norm_adv_by_std_in_grpo"] = norm_adv_by_std_in_grpo
         if "reward_baselines" in data.batch.keys():
             kwargs["reward_baselines"] = data.batch["reward_baselines"]
+        if "non_tensor_batch" in inspect.signature(fn).parameters:  # GDPO reads per-key rewards from the batch
+            kwargs.update(non_tensor_batch=data.non_tensor_batch, batch=data.batch)
         adv, ret = fn(**kwargs)
     data.batch["advantages"] = adv
     data.batch["returns"] = ret
@@ -278,6 +282,8 @@ class RayPPOTrainer:
         with marked_timer("step", timing):
             batch = DataProto.from_single_dict(batch_dict)
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            if cfg.algorithm.adv_estimator == AdvantageEstimator.REMAX.value:  # ReMax: greedy baseline per prompt
+                batch.batch["reward_baselines"] = greedy_reward_baselines(self, batch)
             batch = batch.repeat(repeat_times=n, interleave=True)
             gen = self._gen_batch(batch)
             gen.meta_info = {"global_steps": self.global_steps}
