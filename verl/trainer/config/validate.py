@@ -9,6 +9,7 @@ dataclasses, so a config that passes here will not trip them later.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any, Iterable, Optional
 
@@ -506,8 +507,17 @@ def _check_critic(c: _Checker, world: Optional[int]) -> None:
 
 def _check_reward(c: _Checker) -> None:
     source = c.choice("reward.reward_manager.source", ("register", "importlib"))
-    if source == "register":
-        c.registered("reward.reward_manager.name", "reward_manager")
+    manager = c.registered("reward.reward_manager.name", "reward_manager") if source == "register" else None
+    kwargs = c.get("reward.reward_kwargs")
+    if manager is not None and isinstance(kwargs, dict) and kwargs:
+        init = _registry("reward_manager").get_or_raise(manager).__init__
+        params = inspect.signature(init).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            unknown = sorted(k for k in kwargs if k not in params)
+            if unknown:
+                c.fail("reward.reward_kwargs", f"has {unknown}, which reward manager {manager!r} does not take "
+                                               f"(it takes {sorted(k for k in params if k != 'self')}); "
+                                               "remove them or pick the manager they belong to.")
     if source == "importlib" and not c.get("reward.reward_manager.module.path"):
         c.fail("reward.reward_manager.module.path", "must name a Python file when reward_manager.source=importlib.")
     if c.flag("reward.reward_model.enable"):
