@@ -52,7 +52,7 @@ def test_upstream_only_key_is_named_as_such(base_cfg):
 
 def test_key_inside_dropped_upstream_subtree(base_cfg):
     err = _error(base_cfg, ["+actor_rollout_ref.rollout.engine_kwargs.trtllm.foo=1"])
-    assert "upstream verl option" in str(err)
+    assert "TRT-LLM rollout engine, which this project does not implement" in str(err)
 
 
 def test_legacy_keys_point_to_new_home(base_cfg):
