@@ -43,8 +43,9 @@ def test_key_in_wrong_section_suggests_real_location(base_cfg):
 
 
 def test_upstream_only_key_is_named_as_such(base_cfg):
-    assert "global_profiler.tool" in upstream_only_keys()
-    err = _error(base_cfg, ["global_profiler.tool=nsys", "actor_rollout_ref.rollout.prometheus.enable=true"])
+    assert "actor_rollout_ref.rollout.prometheus.enable" in upstream_only_keys()
+    err = _error(base_cfg, ["global_profiler.global_tool_config.nsys.discrete=true",
+                            "actor_rollout_ref.rollout.prometheus.enable=true"])
     assert len(err.problems) == 2
     for problem in err.problems:
         assert "upstream verl option this project does not implement" in problem

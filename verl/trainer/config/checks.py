@@ -71,6 +71,11 @@ def compose_config(
     config_dir = Path(config_dir) if config_dir is not None else CONFIG_DIR
     overrides = list(overrides)
     group_overrides, _ = split_overrides(overrides, config_dir)
+    if config_dir.resolve() != CONFIG_DIR and not any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
+        # Configs in a user's --config-path build on this folder (`defaults: [ppo_trainer, ...]`).
+        search = f"hydra.searchpath=[file://{CONFIG_DIR}]"
+        overrides.append(search)
+        group_overrides.append(search)
 
     def _compose() -> DictConfig:
         base = compose(config_name=config_name, overrides=group_overrides)

@@ -269,7 +269,8 @@ def _is_group_override(ov, config_dir: Path) -> bool:
     key = ov.key_or_group
     if ov.package is not None or "/" in key:
         return True
-    return "." not in key and (config_dir / key).is_dir()
+    # A user's --config-path composes on top of this folder (it is on the search path), so its groups count.
+    return "." not in key and ((config_dir / key).is_dir() or (CONFIG_DIR / key).is_dir())
 
 
 def _is_hydra_key(key: str) -> bool:

@@ -530,6 +530,12 @@ def _check_reward(c: _Checker) -> None:
                                               f"({current!r}); keep only the latter.")
 
 
+def _check_profiler(c: _Checker) -> None:
+    from verl.utils.profiler.config import check_profiler_config
+
+    c.problems.extend(check_profiler_config(c.cfg))
+
+
 def _check_out_of_scope(c: _Checker) -> None:
     """Upstream features selected by a combination of keys rather than by one key."""
     strategies = {c.get("actor_rollout_ref.actor.strategy"), c.get("critic.strategy")}
@@ -556,6 +562,7 @@ def validate_config(cfg: DictConfig) -> None:
     _check_critic(c, world)
     _check_reward(c)
     _check_out_of_scope(c)
+    _check_profiler(c)
     for note in c.notes:
         warnings.warn(note, ConfigWarning, stacklevel=2)
     if c.problems:

@@ -36,6 +36,7 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.remax import greedy_reward_baselines
 from verl.trainer.ppo.reward import compute_reward
+from verl.utils.profiler import StepProfiler
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class RayPPOTrainer:
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
         self.world_size = self.actor_rollout_wg.world_size
+        self.profiler = StepProfiler(config, worker_groups)  # global_profiler.*: torch traces of chosen steps
 
     def _total_steps(self) -> int:
         per_epoch = len(self.train_dataloader)
@@ -251,7 +253,8 @@ class RayPPOTrainer:
             for batch_dict in self.train_dataloader:
                 if self.global_steps > self.total_training_steps:
                     break
-                metrics = self._train_step(batch_dict)
+                with self.profiler.step(self.global_steps):
+                    metrics = self._train_step(batch_dict)
                 is_last = self.global_steps >= self.total_training_steps
                 save_freq = cfg.trainer.get("save_freq", -1)
                 if save_freq and save_freq > 0 and (is_last or self.global_steps % save_freq == 0):
