@@ -102,7 +102,9 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
         init_kwargs.setdefault("log_to_driver", True)
         init_kwargs.setdefault("logging_level", logging.WARNING)
         env = {"TOKENIZERS_PARALLELISM": "true", "RAY_DEDUP_LOGS": "1"}
-        runtime_env = init_kwargs.setdefault("runtime_env", {})
+        # runtime_env (py_executable, env_vars, ...) goes to Ray as given; unset (null) fields are left out.
+        runtime_env = {k: v for k, v in (init_kwargs.get("runtime_env") or {}).items() if v is not None}
+        init_kwargs["runtime_env"] = runtime_env
         runtime_env.setdefault("env_vars", {}).update({**env, **runtime_env.get("env_vars", {})})
         try:
             ray.init(**init_kwargs)

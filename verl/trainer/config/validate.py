@@ -530,6 +530,15 @@ def _check_reward(c: _Checker) -> None:
                                               f"({current!r}); keep only the latter.")
 
 
+def _check_key_status(c: _Checker) -> None:
+    """Upstream keys that are not implemented here (key_status.txt) keep their defaults."""
+    from .key_status import check_key_status
+
+    problems, notes = check_key_status(c.cfg)
+    c.problems.extend(problems)
+    c.notes.extend(notes)
+
+
 def _check_profiler(c: _Checker) -> None:
     from verl.utils.profiler.config import check_profiler_config
 
@@ -563,6 +572,7 @@ def validate_config(cfg: DictConfig) -> None:
     _check_reward(c)
     _check_out_of_scope(c)
     _check_profiler(c)
+    _check_key_status(c)
     for note in c.notes:
         warnings.warn(note, ConfigWarning, stacklevel=2)
     if c.problems:
