@@ -97,6 +97,9 @@ def parse_args(argv: list[str]) -> CliArgs:
     if cfg is not None and cfg not in ("job", "all", "hydra"):
         raise CliError(f"--cfg={cfg!r}: use job (the training config), all, or hydra.")
     config_dir = resolve_config_path(values["config_path"]) if "config_path" in values else None
+    if config_dir is not None and not config_dir.is_dir():
+        raise CliError(f"--config-path={values['config_path']!r} resolves to {config_dir}, which is not a folder "
+                       "(a relative --config-path is relative to verl/trainer/, as Hydra resolves it).")
     name = values.get("config_name")
     demo_fallback = False
     if name is None:
