@@ -120,6 +120,11 @@ class _Checker:
         if value is None and allow_none:
             return None
         if value not in choices:
+            from .unsupported import feature_for_value
+
+            feature = feature_for_value(key, value)
+            if feature:
+                hint = f" {value!r} selects {feature}, which this project does not implement.{hint}"
             self.fail(key, f"is {value!r}; valid values are {', '.join(map(str, choices))}.{hint}")
             return None
         return value
