@@ -25,16 +25,12 @@ def _assert_one_paragraph(proc, head: str, *words: str) -> str:
     return lines[0]
 
 
-def test_overrides_without_model_path_run_the_demo(tmp_path):
-    proc, records = run_main_ppo(tmp_path, SHORT, config_name=None)
-    assert "running the embedded demo" in proc.stderr
-    assert sorted(train_records(records)) == [1, 2]  # the override applied: two steps, not the demo's 60
-
-
 def test_seed_003_minimal_lora_command(tmp_path):
     proc, records = run_main_ppo(tmp_path, ["algorithm.adv_estimator=grpo", "actor_rollout_ref.model.lora_rank=64",
                                             "actor_rollout_ref.rollout.load_format=safetensors", *SHORT],
                                  config_name=None)
+    # No model path: the embedded demo, with every override applied (two steps, not the demo's 60).
+    assert "running the embedded demo" in proc.stderr
     assert "LoRA r=64" in proc.stdout + proc.stderr
     assert sorted(train_records(records)) == [1, 2]
 
