@@ -11,7 +11,6 @@ itself and nothing is executed.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import stat

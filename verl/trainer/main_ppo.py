@@ -13,19 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 logger = logging.getLogger(__name__)
-
-
-def parse_cli(argv: list[str]) -> tuple[str, Path | None, list[str]]:
-    """``(config name, config dir or None, overrides)``; see :mod:`verl.trainer.cli` for the flags."""
-    from verl.trainer.cli import parse_args
-
-    args = parse_args(argv)
-    return args.config_name, args.config_dir, args.overrides
 
 
 def load_config(argv: list[str], resolve: bool = True) -> DictConfig:
@@ -144,7 +135,8 @@ def run_ppo(cfg: DictConfig) -> dict:
             "val_files") else None
     with guard("Reward", "Check reward.custom_reward_function and reward.reward_manager."):
         reward_kwargs = cfg.reward.get("reward_kwargs") or {}
-        reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=0, **reward_kwargs), _reward_where(cfg))
+        reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=0, **reward_kwargs),
+                                    _reward_where(cfg))
         val_reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=1, **reward_kwargs),
                                         _reward_where(cfg))
     use_critic = cfg.algorithm.adv_estimator == "gae"

@@ -50,7 +50,7 @@ def _download(repo_id: str, what: str, revision: str | None) -> str:
         from huggingface_hub import snapshot_download
     except ImportError as err:  # pragma: no cover - transformers depends on huggingface_hub
         raise UserFacingError("Model", f"{what}={repo_id!r} is a hub id but huggingface_hub is not installed",
-                              "Install it (pip install huggingface_hub) or point the key at a local directory.") from err
+                              "Install huggingface_hub or point the key at a local directory.") from err
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     try:
         return snapshot_download(repo_id, revision=revision, allow_patterns=_ALLOW)

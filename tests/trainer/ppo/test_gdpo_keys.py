@@ -16,7 +16,8 @@ def _batch(acc, fmt):
     n, prompt, resp = len(acc), 2, 3
     attention = torch.ones(n, prompt + resp, dtype=torch.long)
     data = DataProto.from_dict(
-        tensors={"prompts": torch.zeros(n, prompt, dtype=torch.long), "responses": torch.zeros(n, resp, dtype=torch.long),
+        tensors={"prompts": torch.zeros(n, prompt, dtype=torch.long),
+                 "responses": torch.zeros(n, resp, dtype=torch.long),
                  "attention_mask": attention, "token_level_rewards": torch.zeros(n, resp)},
         non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object),
                      "accuracy": np.array(acc, dtype=object), "format": np.array(fmt, dtype=object)},
