@@ -87,5 +87,5 @@ def check_key_status(cfg) -> tuple[list[str], list[str]]:
                             f"remove it or leave it at its default ({default!r}).")
         else:
             notes.append(f"{entry.pattern}={value!r} has no effect in this project (it only tunes upstream's "
-                         "performance or logging); it is ignored.")
+                         "performance, memory use or logging); it is ignored.")
     return problems, notes
