@@ -217,3 +217,11 @@ def test_multi_turn_formats(capsys):
 def test_left_out_features_are_named(capsys, extra, feature):
     code, _, err = dry_run(capsys, *extra)
     assert code == 2 and feature in err, err
+
+
+def test_null_for_a_left_out_upstream_key_is_dropped_with_a_note(capsys):
+    code, cfg, err = dry_run(capsys, "trainer.default_hdfs_dir=null")
+    assert code == 0, err
+    assert "default_hdfs_dir" not in cfg["trainer"] and "`trainer.default_hdfs_dir=null`" in err
+    code, _, err = dry_run(capsys, "trainer.default_hdfs_dir=/hdfs/ckpt")
+    assert code == 2 and "`trainer.default_hdfs_dir` is an upstream verl option" in err

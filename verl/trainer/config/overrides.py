@@ -388,6 +388,13 @@ def _legacy_target(key: str, tree: Any) -> Optional[tuple[str, bool, str, str]]:
     return None
 
 
+def _is_null(ov) -> bool:
+    try:
+        return ov.value() is None
+    except Exception:  # noqa: BLE001 - sweeps and other exotic values are not null
+        return False
+
+
 def _rewrite_key(text: str, old_key: str, new_key: str, force_add: bool = False) -> str:
     head_len = len(text) - len(text.lstrip("+~"))
     head, rest = text[:head_len], text[head_len:]
@@ -441,5 +448,10 @@ def normalize_overrides(
             elif (ov.type == OverrideType.CHANGE and _open_ancestor(tree, parts) is not None
                   and key in upstream_only_keys()):
                 text = "++" + text
+            elif ov.type in (OverrideType.CHANGE, OverrideType.ADD, OverrideType.FORCE_ADD) and _is_null(ov) \
+                    and key in upstream_only_keys():
+                # `trainer.default_hdfs_dir=null`: upstream's "off" for a feature that is not here anyway.
+                notes.append(f"`{key}=null` turns off an upstream feature this project does not have; ignored.")
+                continue
         out.append(text)
     return out, notes
