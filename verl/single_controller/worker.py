@@ -7,8 +7,10 @@ import os
 import torch
 import torch.distributed as dist
 
+from verl.utils.profiler.worker import ProfilerWorkerMixin
 
-class Worker:
+
+class Worker(ProfilerWorkerMixin):  # the mixin adds start_profile / stop_profile (global_profiler.*)
     """A process-level worker. Rank and world size come from the environment the launcher sets."""
 
     def __init__(self):

@@ -1,9 +1,11 @@
-"""Entry point: ``python -m verl.trainer.main_ppo [--config-name NAME] [key=value ...]``.
+"""Entry point: ``python -m verl.trainer.main_ppo [--config-path DIR] [--config-name NAME] [key=value ...]``.
 
 Overrides use Hydra's grammar, as with upstream verl. Every override key is checked before composing (an
 unknown key names the nearest valid one), the composed config is validated before any worker starts,
 then the workers are launched (Ray, or in-process with ``trainer.launcher=local``) and the trainer runs.
-With no arguments at all it runs the embedded demo (``--config-name demo``).
+Without a model path it runs the embedded demo (``--config-name demo``) with the given overrides;
+``--cfg job`` prints the composed config and runs nothing; ``--help`` lists the config groups
+(:mod:`verl.trainer.cli`).
 """
 
 from __future__ import annotations
@@ -11,51 +13,27 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 logger = logging.getLogger(__name__)
 
 
-def parse_cli(argv: list[str]) -> tuple[str, Path | None, list[str]]:
-    """Split ``--config-name/--config-path`` (Hydra's flags) from key=value overrides."""
-    name, path, rest = None, None, []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        for flag in ("--config-name", "--config-path", "-cn", "-cp"):
-            if a == flag or a.startswith(flag + "="):
-                if a == flag:
-                    if i + 1 >= len(argv):
-                        raise SystemExit(f"{flag} needs a value")
-                    val = argv[i + 1]
-                    i += 1
-                else:
-                    val = a.split("=", 1)[1]
-                if flag in ("--config-name", "-cn"):
-                    name = val
-                else:
-                    path = Path(val).expanduser().resolve()
-                break
-        else:
-            rest.append(a)
-        i += 1
-    if name is None:
-        name = "demo" if not argv else "ppo_trainer"
-    return name, path, rest
+def load_config(argv: list[str], resolve: bool = True) -> DictConfig:
+    """Compose ``argv`` (checking every override key), resolve and validate it."""
+    from verl.trainer.cli import parse_args
+
+    return _load(parse_args(argv), resolve=resolve)
 
 
-def load_config(argv: list[str]) -> DictConfig:
-    from verl.trainer.config.checks import compose_config
+def _load(args, resolve: bool = True) -> DictConfig:
+    from verl.trainer.config.checks import compose_config, validate_config
     from verl.trainer.demo import register_resolver
 
     register_resolver()
-    name, path, overrides = parse_cli(argv)
-    cfg = compose_config(name, overrides, config_dir=path, validate=False)
-    OmegaConf.resolve(cfg)
-    from verl.trainer.config.checks import validate_config
-
+    cfg = compose_config(args.config_name, args.overrides, config_dir=args.config_dir, validate=False)
+    if resolve:
+        OmegaConf.resolve(cfg)
     validate_config(cfg)
     return cfg
 
@@ -119,7 +97,9 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
         init_kwargs.setdefault("log_to_driver", True)
         init_kwargs.setdefault("logging_level", logging.WARNING)
         env = {"TOKENIZERS_PARALLELISM": "true", "RAY_DEDUP_LOGS": "1"}
-        runtime_env = init_kwargs.setdefault("runtime_env", {})
+        # runtime_env (py_executable, env_vars, ...) goes to Ray as given; unset (null) fields are left out.
+        runtime_env = {k: v for k, v in (init_kwargs.get("runtime_env") or {}).items() if v is not None}
+        init_kwargs["runtime_env"] = runtime_env
         runtime_env.setdefault("env_vars", {}).update({**env, **runtime_env.get("env_vars", {})})
         try:
             ray.init(**init_kwargs)
@@ -145,17 +125,24 @@ def run_ppo(cfg: DictConfig) -> dict:
     from transformers import AutoConfig
 
     from verl.utils.tokenizer import local_model_path
+    from verl.utils.user_errors import GuardedDataset, guard, guard_reward_fn
 
     tokenizer, processor = load_tokenizer_and_processor(cfg.actor_rollout_ref.model)
     # The dataset needs the model config for Qwen3.5-VL mRoPE position ids.
     hf_config = AutoConfig.from_pretrained(local_model_path(cfg.actor_rollout_ref.model),
                                            trust_remote_code=bool(cfg.actor_rollout_ref.model.get("trust_remote_code")))
-    train_ds = create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, processor, is_train=True,
-                                 model_config=hf_config)
-    val_ds = create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, processor, is_train=False,
-                               model_config=hf_config) if cfg.data.get("val_files") else None
-    reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0, **(cfg.reward.get("reward_kwargs") or {}))
-    val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=1, **(cfg.reward.get("reward_kwargs") or {}))
+    with guard("Data", "Check data.train_files / data.val_files and the dataset keys (data.prompt_key, ...)."):
+        train_ds = GuardedDataset(create_rl_dataset(cfg.data.train_files, cfg.data, tokenizer, processor,
+                                                    is_train=True, model_config=hf_config), "data.train_files")
+        val_ds = GuardedDataset(create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, processor, is_train=False,
+                                                  model_config=hf_config), "data.val_files") if cfg.data.get(
+            "val_files") else None
+    with guard("Reward", "Check reward.custom_reward_function and reward.reward_manager."):
+        reward_kwargs = cfg.reward.get("reward_kwargs") or {}
+        reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=0, **reward_kwargs),
+                                    _reward_where(cfg))
+        val_reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=1, **reward_kwargs),
+                                        _reward_where(cfg))
     use_critic = cfg.algorithm.adv_estimator == "gae"
     steps_per_epoch = len(train_ds) // cfg.data.train_batch_size
     total = cfg.trainer.get("total_training_steps") or steps_per_epoch * cfg.trainer.total_epochs
@@ -175,6 +162,13 @@ def run_ppo(cfg: DictConfig) -> dict:
     if curve:
         print(f"Reward curve written to {curve}", flush=True)
     return result
+
+
+def _reward_where(cfg: DictConfig) -> str:
+    section = cfg.reward.get("custom_reward_function") or {}
+    if section.get("path"):
+        return f"reward.custom_reward_function.path={section.get('path')!r}, name={section.get('name')!r}"
+    return f"reward manager {cfg.reward.reward_manager.get('name')!r} with the default scorer of the data_source"
 
 
 def plot_reward_curve(history: list[dict], cfg: DictConfig) -> str | None:
@@ -209,15 +203,35 @@ def plot_reward_curve(history: list[dict], cfg: DictConfig) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    from verl.trainer.config.checks import ConfigKeyError, ConfigValidationError
+    """Parse, compose, validate, then train (or print the config for ``--cfg job``); returns the exit code.
 
+    Errors the user fixes are printed as one paragraph (exit 2 for config, 1 for data / reward / model);
+    ``VERL_DEBUG=1`` re-raises them with their traceback.
+    """
+    from verl.trainer import cli
+    from verl.utils.user_errors import debug_enabled
+
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg = load_config(argv)
-    except (ConfigKeyError, ConfigValidationError) as e:
-        print(f"Config error:\n{e}", file=sys.stderr)
-        return 2
-    run_ppo(cfg)
+        args = cli.parse_args(argv)
+        if args.help:
+            print(cli.help_text(args.config_dir))
+            return 0
+        if args.demo_fallback:
+            print(f"No {cli.MODEL_PATH_KEY} given: running the embedded demo (tiny Qwen3.5, letter-echo task) "
+                  "with your overrides.", file=sys.stderr, flush=True)
+        if args.cfg:
+            cfg = _load(args, resolve=False)  # a dry run builds nothing (the demo's assets included)
+            cli.print_config(cfg, args)
+            return 0
+        run_ppo(_load(args))
+    except Exception as exc:  # noqa: BLE001 - user errors become one paragraph, bugs keep their traceback
+        formatted = cli.format_error(exc)
+        if formatted is None or debug_enabled():
+            raise
+        text, code = formatted
+        print(text, file=sys.stderr, flush=True)
+        return code
     return 0
 
 

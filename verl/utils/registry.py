@@ -55,7 +55,10 @@ class Registry(dict):
         if obj is None:
             return lambda o: self.register(name, o, override=override)
         current = dict.get(self, name)
-        if current is not None and current is not obj and current != obj and not override:
+        # The same object, or the same class/function re-created by a module reload, is not a clash.
+        same = current is obj or current == obj or (
+            current is not None and "<" not in _describe(obj) and _describe(current) == _describe(obj))
+        if current is not None and not same and not override:
             raise ValueError(f"{self.kind} {name!r} is already registered ({_describe(current)}); "
                              f"pass override=True to replace it")
         self[name] = obj

@@ -10,17 +10,10 @@ __all__ = ["load_tokenizer_and_processor", "local_model_path"]
 
 
 def local_model_path(model_cfg) -> str:
-    path = os.path.expanduser(str(model_cfg.path))
-    if model_cfg.get("use_shm", False):
-        from verl.utils.fs import copy_to_shm
+    # A local directory, or a hub id fetched into (or found in) the HF cache: verl/utils/model_path.py.
+    from verl.utils.model_path import resolve_model_path
 
-        path = copy_to_shm(path)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(
-            f"actor_rollout_ref.model.path={model_cfg.path!r} is not a directory. Point it at a local Hugging Face "
-            "checkpoint (config.json + weights); no model hub is contacted."
-        )
-    return path
+    return resolve_model_path(model_cfg.path, use_shm=bool(model_cfg.get("use_shm", False)))
 
 
 def load_tokenizer_and_processor(model_cfg):

@@ -226,7 +226,7 @@ def test_single_turn_agent_default(tok):
     mgr = AgentLoopManager(cfg, engine, tok, tools=[])
     (out,), _ = mgr.run_rows(rows("Q"), mgr.sampling_params())
     assert out.num_turns == 2 and all(m == 1 for m in out.response_mask)
-    with pytest.raises(ValueError, match="unknown agent loop"):
+    with pytest.raises(ValueError, match="not a registered agent loop"):
         mgr.run_rows(rows("Q", agent_name="nope"), mgr.sampling_params())
 
 

@@ -48,7 +48,7 @@ def parse(tok, text, tools=TOOLS, fmt="qwen3_coder"):
 def test_registry(tok):
     assert isinstance(ToolParser.get_tool_parser("qwen3_coder", tok), Qwen3XMLToolParser)
     assert isinstance(ToolParser.get_tool_parser("hermes", tok), HermesToolParser)
-    with pytest.raises(ValueError, match="Unknown tool parser"):
+    with pytest.raises(ValueError, match="not a registered tool-call parser"):
         ToolParser.get_tool_parser("nope", tok)
 
 

@@ -43,8 +43,9 @@ def test_key_in_wrong_section_suggests_real_location(base_cfg):
 
 
 def test_upstream_only_key_is_named_as_such(base_cfg):
-    assert "global_profiler.tool" in upstream_only_keys()
-    err = _error(base_cfg, ["global_profiler.tool=nsys", "actor_rollout_ref.rollout.prometheus.enable=true"])
+    assert "actor_rollout_ref.rollout.prometheus.enable" in upstream_only_keys()
+    err = _error(base_cfg, ["global_profiler.global_tool_config.nsys.discrete=true",
+                            "actor_rollout_ref.rollout.prometheus.enable=true"])
     assert len(err.problems) == 2
     for problem in err.problems:
         assert "upstream verl option this project does not implement" in problem
@@ -52,7 +53,7 @@ def test_upstream_only_key_is_named_as_such(base_cfg):
 
 def test_key_inside_dropped_upstream_subtree(base_cfg):
     err = _error(base_cfg, ["+actor_rollout_ref.rollout.engine_kwargs.trtllm.foo=1"])
-    assert "upstream verl option" in str(err)
+    assert "TRT-LLM rollout engine, which this project does not implement" in str(err)
 
 
 def test_legacy_keys_point_to_new_home(base_cfg):

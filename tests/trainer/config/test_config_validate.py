@@ -102,7 +102,7 @@ RULES = [
     ("data.truncation", {"data.truncation": "cut"}),
     ("data.train_batch_size", {"data.train_batch_size": "eight"}),
     ("reward.reward_manager.module.path", {"reward.reward_manager.source": "importlib"}),
-    ("reward.reward_model.model_path", {"reward.reward_model.enable": True}),
+    ("reward.reward_model.enable", {"reward.reward_model.enable": True}),  # reward models are not implemented
     ("custom_reward_function.path",
      {"custom_reward_function.path": "a.py", "reward.custom_reward_function.path": "b.py"}),
 ]

@@ -49,7 +49,7 @@ def test_register_custom_estimator_and_conflicts():
         assert ca.register_adv_est(name)(my_est) is my_est
         assert ca.get_adv_estimator_fn(name) is my_est
         ca.register_adv_est(name)(my_est)  # same function again is fine
-        with pytest.raises(ValueError, match="already been registered"):
+        with pytest.raises(ValueError, match="already registered"):
             ca.register_adv_est(name)(other)
     finally:
         ca.ADV_ESTIMATOR_REGISTRY.pop(name, None)

@@ -157,7 +157,7 @@ def test_registry():
     assert get_reward_manager_cls("test_only_manager") is Mine
     with pytest.raises(ValueError, match="already registered"):
         register("naive")(type("Other", (), {}))
-    with pytest.raises(ValueError, match=r"Unknown reward manager 'nope'.*naive"):
+    with pytest.raises(ValueError, match=r"'nope' is not a registered reward manager.*naive"):
         get_reward_manager_cls("nope")
 
 
@@ -207,7 +207,7 @@ def test_load_reward_manager_defaults_and_legacy_name(tok):
     assert isinstance(manager, NaiveRewardManager) and manager.reward_fn_key == "task" and manager.num_examine == 2
     manager = load_reward_manager(OmegaConf.create({"reward": {"reward_manager": {"name": "naive"}}}), tok, 0)
     assert isinstance(manager, NaiveRewardManager)
-    with pytest.raises(ValueError, match="Unknown reward manager 'dapo_x'"):
+    with pytest.raises(ValueError, match="'dapo_x' is not a registered reward manager"):
         load_reward_manager(OmegaConf.create({"reward_model": {"reward_manager": "dapo_x"}}), tok, 0)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import functools
 import logging
 from abc import ABC, abstractmethod
 from typing import Any, Optional
@@ -23,6 +22,7 @@ import torch
 
 from verl.models.rope_index import compute_position_ids, rope_indexer_from_config
 from verl.utils.chat_template import apply_chat_template
+from verl.utils.registry import Registry
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, GenerationRequest, SamplingParams
 
 from .utils import pad_rows
@@ -30,6 +30,7 @@ from .utils import pad_rows
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "AGENT_LOOP_REGISTRY",
     "AgentLoopOutput",
     "AgentLoopBase",
     "AgentLoopManager",
@@ -55,23 +56,18 @@ class AgentLoopOutput:
     multi_modal_inputs: Optional[dict[str, torch.Tensor]] = None
 
 
-_agent_loop_registry: dict[str, type["AgentLoopBase"]] = {}
+# agent name (the dataset's ``agent_name`` column, else rollout.agent.default_agent_loop) -> loop class.
+AGENT_LOOP_REGISTRY = Registry("agent loop", config_key="actor_rollout_ref.rollout.agent.default_agent_loop")
+_agent_loop_registry = AGENT_LOOP_REGISTRY  # upstream's module-level name
 
 
-def register(agent_name: str):
+def register(agent_name: str, *, override: bool = False):
     """Class decorator: make an agent loop selectable through the dataset's ``agent_name`` column."""
-    return functools.partial(_add_agent_loop, agent_name)
-
-
-def _add_agent_loop(agent_name: str, cls: type["AgentLoopBase"]) -> type["AgentLoopBase"]:
-    _agent_loop_registry[agent_name] = cls
-    return cls
+    return AGENT_LOOP_REGISTRY.register(agent_name, override=override)
 
 
 def get_agent_loop_class(agent_name: str) -> type["AgentLoopBase"]:
-    if agent_name not in _agent_loop_registry:
-        raise ValueError(f"unknown agent loop {agent_name!r}; registered: {sorted(_agent_loop_registry)}")
-    return _agent_loop_registry[agent_name]
+    return AGENT_LOOP_REGISTRY.get_or_raise(agent_name)
 
 
 class TurnBatcher:

@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
+from verl.utils.registry import Registry
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["FunctionCall", "ToolParseResult", "ToolParser", "HermesToolParser", "Qwen3XMLToolParser"]
@@ -64,6 +66,14 @@ def _schema_properties(tools) -> Optional[dict[str, dict[str, Any]]]:
     return table
 
 
+# multi_turn.format -> parser class. ``qwen3_xml`` (vLLM's name for the same XML call syntax) is an alias of
+# qwen3_coder. Upstream verl's other formats (gpt-oss, glm, seed, minimax, kimi, deepseek_v4, gemma4) use
+# different syntaxes and have no parser here: validation refuses them with the registered list.
+TOOL_PARSER_REGISTRY = Registry(
+    "tool-call parser", config_key="actor_rollout_ref.rollout.multi_turn.format", aliases={"qwen3_xml": "qwen3_coder"}
+)
+
+
 class ToolParser(ABC):
     """Base class and registry of tool-call parsers.
 
@@ -71,25 +81,19 @@ class ToolParser(ABC):
     tool-calling turn with EOS already, so the default is empty.
     """
 
-    _registry: dict[str, type["ToolParser"]] = {}
+    _registry = None  # bound to TOOL_PARSER_REGISTRY below (upstream code reads ToolParser._registry)
     stop_token_ids: list[int] = []
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
     @classmethod
-    def register(cls, name: str):
-        def decorator(subclass: type["ToolParser"]) -> type["ToolParser"]:
-            cls._registry[name] = subclass
-            return subclass
-
-        return decorator
+    def register(cls, name: str, *, override: bool = False):
+        return TOOL_PARSER_REGISTRY.register(name, override=override)
 
     @classmethod
     def get_tool_parser(cls, name: str, tokenizer) -> "ToolParser":
-        if name not in cls._registry:
-            raise ValueError(f"Unknown tool parser {name!r} (multi_turn.format); registered: {sorted(cls._registry)}")
-        return cls._registry[name](tokenizer)
+        return TOOL_PARSER_REGISTRY.get_or_raise(name)(tokenizer)
 
     def decode(self, responses_ids: list[int]) -> str:
         return self.tokenizer.decode(list(responses_ids), skip_special_tokens=False)
@@ -108,6 +112,8 @@ class ToolParser(ABC):
             logger.debug("tool call parse error: %s", err)
         return result.content, result.calls
 
+
+ToolParser._registry = TOOL_PARSER_REGISTRY
 
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 

@@ -10,6 +10,8 @@ overrides and ``validate_config(cfg)`` on the final config.
 
 from __future__ import annotations
 
+import warnings
+
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -21,6 +23,7 @@ from .overrides import (
     ConfigKeyError,
     check_overrides,
     config_key_paths,
+    normalize_overrides,
     split_overrides,
     upstream_only_keys,
 )
@@ -68,11 +71,19 @@ def compose_config(
     config_dir = Path(config_dir) if config_dir is not None else CONFIG_DIR
     overrides = list(overrides)
     group_overrides, _ = split_overrides(overrides, config_dir)
+    if config_dir.resolve() != CONFIG_DIR and not any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
+        # Configs in a user's --config-path build on this folder (`defaults: [ppo_trainer, ...]`).
+        search = f"hydra.searchpath=[file://{CONFIG_DIR}]"
+        overrides.append(search)
+        group_overrides.append(search)
 
     def _compose() -> DictConfig:
         base = compose(config_name=config_name, overrides=group_overrides)
-        check_overrides(base, overrides, config_dir=config_dir)
-        return compose(config_name=config_name, overrides=overrides)
+        normalized, notes = normalize_overrides(base, overrides, config_dir=config_dir)
+        for note in notes:
+            warnings.warn(note, ConfigWarning, stacklevel=3)
+        check_overrides(base, normalized, config_dir=config_dir)
+        return compose(config_name=config_name, overrides=normalized)
 
     if GlobalHydra.instance().is_initialized():
         cfg = _compose()  # already inside a Hydra app: reuse its search path

@@ -18,6 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 __all__ = [
     "CONFIG_DIR",
+    "LEGACY_ALIASES",
+    "normalize_overrides",
     "ConfigKeyError",
     "OPEN_DICT_PATTERNS",
     "check_overrides",
@@ -43,10 +45,14 @@ OPEN_DICT_PATTERNS: tuple[str, ...] = (
     "*.checkpoint.mbridge_config",
 )
 
-# Keys that upstream moved; the old spelling gets pointed at the new one.
-# Matching is by prefix, so a whole subtree can be redirected.
-_MOVED_PREFIXES: dict[str, str] = {
+# Legacy homes that upstream still accepts: the old spelling is rewritten to the new key (one deprecation
+# warning each) when the new key exists in the composed config. Matching is by prefix, so a whole subtree
+# moves. Where the new home is absent here (e.g. critic.fsdp under model_engine=megatron) the old key is
+# refused, naming the new one. Whether the feature then runs is validation's business
+# (reward.reward_model.enable=true is refused there: model-based rewards are not implemented).
+LEGACY_ALIASES: dict[str, str] = {
     "reward_model.reward_manager": "reward.reward_manager.name",
+    "reward_model.reward_kwargs": "reward.reward_kwargs",
     "reward_model.enable": "reward.reward_model.enable",
     "reward_model.enable_resource_pool": "reward.reward_model.enable_resource_pool",
     "reward_model.n_gpus_per_node": "reward.reward_model.n_gpus_per_node",
@@ -55,6 +61,11 @@ _MOVED_PREFIXES: dict[str, str] = {
     "reward_model.model.path": "reward.reward_model.model_path",
     "reward_model.rollout": "reward.reward_model.rollout",
     "critic.model.fsdp_config": "critic.fsdp",
+}
+
+# Old spellings that are not aliases (the meaning changed): refused with a pointer to the new key.
+_MOVED_PREFIXES: dict[str, str] = {
+    **LEGACY_ALIASES,
     "actor_rollout_ref.rollout.val_kwargs.max_tokens": "actor_rollout_ref.rollout.response_length",
 }
 
@@ -225,6 +236,11 @@ def _engine_hint(key: str, tree: Any) -> str:
 
 
 def _unknown_key_message(key: str, tree: Any, paths: Sequence[str]) -> str:
+    from .unsupported import feature_for_key
+
+    feature = feature_for_key(key)
+    if feature is not None:
+        return f"`{key}` belongs to {feature}, which this project does not implement."
     moved = _moved_hint(key, set(paths))
     if moved is not None:
         return f"`{key}` is a legacy key; it now lives at `{moved}`."
@@ -253,7 +269,8 @@ def _is_group_override(ov, config_dir: Path) -> bool:
     key = ov.key_or_group
     if ov.package is not None or "/" in key:
         return True
-    return "." not in key and (config_dir / key).is_dir()
+    # A user's --config-path composes on top of this folder (it is on the search path), so its groups count.
+    return "." not in key and ((config_dir / key).is_dir() or (CONFIG_DIR / key).is_dir())
 
 
 def _is_hydra_key(key: str) -> bool:
@@ -308,6 +325,12 @@ def check_overrides(
         exists = _lookup(tree, parts) is not _ABSENT or key in added or any(key.startswith(a + ".") for a in added)
         open_parent = _open_ancestor(tree, parts)
 
+        if not exists and ov.type != OverrideType.DEL:
+            from .unsupported import feature_for_key
+
+            if feature_for_key(key) is not None:
+                problems.append(_unknown_key_message(key, tree, paths))
+                continue
         if ov.type == OverrideType.CHANGE:
             if exists:
                 continue
@@ -318,6 +341,8 @@ def check_overrides(
             else:
                 problems.append(_unknown_key_message(key, tree, paths))
         elif ov.type == OverrideType.ADD:
+            if exists and _lookup(tree, parts) is None:
+                continue  # as in Hydra, `+key=value` sets a key that exists with a null value
             if exists:
                 problems.append(f"`{key}` already exists; set it with `{text.lstrip('+')}` (no leading `+`).")
             elif open_parent is not None:
@@ -342,3 +367,91 @@ def check_overrides(
 
     if problems:
         raise ConfigKeyError(problems)
+
+
+# --------------------------------------------------------------------------- upstream spellings
+
+
+def _legacy_target(key: str, tree: Any) -> Optional[tuple[str, bool, str, str]]:
+    """``(new key, below a free-form node, old home, new home)`` for a legacy key whose new home exists
+    here, else None."""
+    for old, new in LEGACY_ALIASES.items():
+        if key != old and not key.startswith(old + "."):
+            continue
+        target = new + key[len(old):]
+        parts = target.split(".")
+        if _lookup(tree, parts) is not _ABSENT:
+            return target, False, old, new
+        if _lookup(tree, new.split(".")) is not _ABSENT and _open_ancestor(tree, parts) is not None:
+            return target, True, old, new
+        return None
+    return None
+
+
+def _is_null(ov) -> bool:
+    try:
+        return ov.value() is None
+    except Exception:  # noqa: BLE001 - sweeps and other exotic values are not null
+        return False
+
+
+def _rewrite_key(text: str, old_key: str, new_key: str, force_add: bool = False) -> str:
+    head_len = len(text) - len(text.lstrip("+~"))
+    head, rest = text[:head_len], text[head_len:]
+    if force_add and head in ("", "+"):
+        head = "++"  # a key below a free-form node: add it, or set it if an earlier override added it
+    return head + new_key + rest[len(old_key):]
+
+
+def normalize_overrides(
+    cfg_without_overrides: Any,
+    overrides: Sequence[str],
+    config_dir: Optional[Path] = None,
+) -> tuple[list[str], list[str]]:
+    """Rewrite upstream spellings into overrides Hydra composes here; returns ``(overrides, notes)``.
+
+    * A legacy key whose new home exists (``reward_model.reward_manager``) becomes the new key, with one
+      deprecation note naming it.
+    * An upstream key below a free-form node, set without ``+`` as upstream's scripts do
+      (``ray_kwargs.ray_init.runtime_env.py_executable=...``), is added (``++``) as upstream's config has it.
+
+    Anything else is passed through unchanged for :func:`check_overrides` to judge. Parse errors are left
+    to it as well.
+    """
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import OverrideParseException
+
+    config_dir = Path(config_dir) if config_dir is not None else CONFIG_DIR
+    overrides = list(overrides)
+    try:
+        parsed = _parse(overrides)
+    except OverrideParseException:
+        return overrides, []
+    tree = _as_tree(cfg_without_overrides)
+    out: list[str] = []
+    notes: list[str] = []
+    for text, ov in zip(overrides, parsed):
+        key = ov.key_or_group
+        if _is_hydra_key(key) or _is_group_override(ov, config_dir):
+            out.append(text)
+            continue
+        parts = key.split(".")
+        if _lookup(tree, parts) is _ABSENT:
+            legacy = _legacy_target(key, tree)
+            if legacy is not None:
+                new_key, below_open, old_home, new_home = legacy
+                note = f"`{old_home}` is deprecated; use `{new_home}` (applied there for this run"
+                note += f": `{key}` -> `{new_key}`)." if old_home != key else ")."
+                if not any(n.startswith(f"`{old_home}` ") for n in notes):  # one warning per legacy home
+                    notes.append(note)
+                text = _rewrite_key(text, key, new_key, force_add=below_open)
+            elif (ov.type == OverrideType.CHANGE and _open_ancestor(tree, parts) is not None
+                  and key in upstream_only_keys()):
+                text = "++" + text
+            elif ov.type in (OverrideType.CHANGE, OverrideType.ADD, OverrideType.FORCE_ADD) and _is_null(ov) \
+                    and key in upstream_only_keys():
+                # `trainer.default_hdfs_dir=null`: upstream's "off" for a feature that is not here anyway.
+                notes.append(f"`{key}=null` turns off an upstream feature this project does not have; ignored.")
+                continue
+        out.append(text)
+    return out, notes

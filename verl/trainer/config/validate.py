@@ -9,6 +9,7 @@ dataclasses, so a config that passes here will not trip them later.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any, Iterable, Optional
 
@@ -24,21 +25,10 @@ __all__ = [
     "validate_config",
 ]
 
-ROLLOUT_NAMES = ("hf", "vllm", "sglang")
 TRAIN_STRATEGIES = ("fsdp", "fsdp2", "megatron")
-LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-POLICY_LOSS_MODES = (
-    "vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo",
-)
-ADV_ESTIMATORS = (
-    "gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "opo", "grpo_passk",
-    "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo",
-)
-# Estimators whose baseline comes from the other samples of the same prompt.
+# Estimators whose baseline comes from the other samples of the same prompt (a warning with rollout.n=1).
 GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "rloo_vectorized", "grpo_vectorized",
                     "reinforce_plus_plus_baseline", "gdpo")
-KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
-TOOL_FORMATS = ("hermes", "qwen3_coder")
 TRUNCATION = ("error", "left", "right", "middle")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
@@ -130,9 +120,37 @@ class _Checker:
         if value is None and allow_none:
             return None
         if value not in choices:
+            from .unsupported import feature_for_value
+
+            feature = feature_for_value(key, value)
+            if feature:
+                hint = f" {value!r} selects {feature}, which this project does not implement.{hint}"
             self.fail(key, f"is {value!r}; valid values are {', '.join(map(str, choices))}.{hint}")
             return None
         return value
+
+    def registered(self, key: str, kind: str, strip_plus: bool = False) -> Any:
+        """A value that must name an entry of a live registry (see :func:`_registry`)."""
+        value = self.get(key)
+        if value is _UNSET:
+            self.fail(key, "is required but not set.")
+            return None
+        name = value[:-1] if strip_plus and isinstance(value, str) and value.endswith("+") else value
+        reg = _registry(kind)
+        if reg.known(name):
+            return value
+        from .unsupported import feature_for_value
+
+        feature = feature_for_value(key, name)
+        known = ", ".join(reg.names() + sorted(reg.aliases))
+        extra = " (optionally with a trailing '+')" if strip_plus else ""
+        if feature:
+            self.fail(key, f"is {value!r}, which selects {feature}: this project does not implement it. "
+                           f"Registered {reg.kind}s: {known}{extra}.")
+        else:
+            self.fail(key, f"is {value!r}, not a registered {reg.kind}; registered: {known}{extra}. "
+                           f"Register your own before main_ppo runs, or pick one of those.")
+        return None
 
     def flag(self, key: str, default: bool = False) -> bool:
         value = self.get(key, default)
@@ -164,6 +182,35 @@ def _is_interpolation(cfg: DictConfig, key: str) -> bool:
         return OmegaConf.is_config(node) and OmegaConf.is_interpolation(node, leaf)
     except Exception:
         return False
+
+
+def _registry(kind: str):
+    """The live registry behind a registry-backed key (imported here so plugins registered first count)."""
+    if kind == "adv":
+        from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as reg
+    elif kind == "policy_loss":
+        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as reg
+    elif kind == "kl":
+        from verl.trainer.ppo.kl import KL_ESTIMATOR_REGISTRY as reg
+    elif kind == "rollout":
+        from verl.workers.rollout.base import ROLLOUT_REGISTRY as reg
+    elif kind == "reward_manager":
+        import verl.workers.reward_manager  # noqa: F401  (registers the built-in managers)
+        from verl.workers.reward_manager.registry import REWARD_MANAGER_REGISTRY as reg
+    elif kind == "tool_parser":
+        from verl.experimental.agent_loop.tool_parser import TOOL_PARSER_REGISTRY as reg
+    elif kind == "agent_loop":
+        import verl.experimental.agent_loop  # noqa: F401  (registers the built-in loops)
+        from verl.experimental.agent_loop.agent_loop import AGENT_LOOP_REGISTRY as reg
+    else:  # pragma: no cover - programming error
+        raise KeyError(kind)
+    return reg
+
+
+def _loss_agg_modes() -> tuple[str, ...]:
+    from verl.trainer.ppo.loss_agg import AGG_LOSS_MODES
+
+    return tuple(AGG_LOSS_MODES)
 
 
 def compute_world_size(cfg: DictConfig) -> int:
@@ -275,8 +322,8 @@ def _check_actor(c: _Checker, world: Optional[int]) -> None:
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
         c.number(f"{a}.{key}", low=0, low_open=True)
     c.number(f"{a}.clip_ratio_c", low=1, low_open=True)
-    c.choice(f"{a}.loss_agg_mode", LOSS_AGG_MODES)
-    c.choice(f"{a}.policy_loss.loss_mode", POLICY_LOSS_MODES)
+    c.choice(f"{a}.loss_agg_mode", _loss_agg_modes())
+    c.registered(f"{a}.policy_loss.loss_mode", "policy_loss")
     c.number(f"{a}.entropy_coeff")
     if c.flag(f"{a}.use_kl_loss"):
         _check_kl_name(c, f"{a}.kl_loss_type")
@@ -339,15 +386,12 @@ def _check_actor(c: _Checker, world: Optional[int]) -> None:
 
 
 def _check_kl_name(c: _Checker, key: str) -> None:
-    value = c.get(key)
-    base = value[:-1] if isinstance(value, str) and value.endswith("+") else value
-    if base not in KL_ESTIMATORS:
-        c.fail(key, f"is {value!r}; valid values are {', '.join(KL_ESTIMATORS)} (optionally with a trailing '+').")
+    c.registered(key, "kl", strip_plus=True)
 
 
 def _check_rollout(c: _Checker, world: Optional[int]) -> None:
     r = "actor_rollout_ref.rollout"
-    name = c.choice(f"{r}.name", ROLLOUT_NAMES)
+    name = c.registered(f"{r}.name", "rollout")
     c.choice(f"{r}.mode", ("async",), hint=" The sync rollout mode was removed upstream.")
     n = c.integer(f"{r}.n", minimum=1)
     c.number(f"{r}.temperature", low=0)
@@ -377,11 +421,12 @@ def _check_rollout(c: _Checker, world: Optional[int]) -> None:
     c.micro_batch_pair(r, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz")
 
     mt = f"{r}.multi_turn"
-    c.choice(f"{mt}.format", TOOL_FORMATS)
+    c.registered(f"{mt}.format", "tool_parser")
     c.choice(f"{mt}.tool_response_truncate_side", ("left", "right", "middle"))
     c.choice(f"{mt}.tokenization_sanity_check_mode", ("strict", "ignore_strippable", "disable"))
     c.integer(f"{mt}.max_parallel_calls", minimum=1)
     c.integer(f"{r}.agent.num_workers", minimum=1)
+    c.registered(f"{r}.agent.default_agent_loop", "agent_loop")
     if n == 1 and c.get("algorithm.adv_estimator") in GROUP_ESTIMATORS:
         c.warn(f"algorithm.adv_estimator={c.get('algorithm.adv_estimator')} compares samples of the same prompt, "
                "but actor_rollout_ref.rollout.n=1: every advantage will be zero. Set rollout.n > 1.")
@@ -389,7 +434,7 @@ def _check_rollout(c: _Checker, world: Optional[int]) -> None:
 
 def _check_algorithm(c: _Checker) -> None:
     g = "algorithm"
-    adv = c.choice(f"{g}.adv_estimator", ADV_ESTIMATORS)
+    adv = c.registered(f"{g}.adv_estimator", "adv")
     c.number(f"{g}.gamma", low=0, high=1)
     c.number(f"{g}.lam", low=0, high=1)
     if c.flag(f"{g}.use_kl_in_reward"):
@@ -402,6 +447,19 @@ def _check_algorithm(c: _Checker) -> None:
         if c.flag("actor_rollout_ref.actor.use_kl_loss"):
             c.warn("Both algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are on: "
                    "the KL to the reference policy is penalised twice.")
+    keys, weights = c.get(f"{g}.gdpo_reward_keys"), c.get(f"{g}.gdpo_reward_weights")
+    if adv == "gdpo":
+        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+            c.fail(f"{g}.gdpo_reward_keys", f"is {keys!r} but adv_estimator=gdpo needs a non-empty list of the "
+                                            "reward keys to normalise separately, e.g. [accuracy,format].")
+        elif weights is not None and (not isinstance(weights, list) or len(weights) != len(keys)):
+            c.fail(f"{g}.gdpo_reward_weights", f"is {weights!r}; give one weight per gdpo_reward_keys entry "
+                                               f"({len(keys)}) or null for equal weights.")
+    elif adv is not None:
+        for key, value in (("gdpo_reward_keys", keys), ("gdpo_reward_weights", weights)):
+            if value not in (None, _UNSET):
+                c.fail(f"{g}.{key}", f"is set but only algorithm.adv_estimator=gdpo reads it (got {adv}); "
+                                     "set it to null or switch the estimator.")
     enable = c.get("critic.enable")
     if adv == "gae" and enable is False:
         c.fail("critic.enable", "is false but algorithm.adv_estimator=gae needs a value model; "
@@ -429,7 +487,7 @@ def _check_critic(c: _Checker, world: Optional[int]) -> None:
     strategy = c.choice(f"{k}.strategy", TRAIN_STRATEGIES)
     c.number(f"{k}.cliprange_value", low=0, low_open=True)
     if not _is_interpolation(c.cfg, f"{k}.loss_agg_mode"):  # inherited values were checked on the actor
-        c.choice(f"{k}.loss_agg_mode", LOSS_AGG_MODES)
+        c.choice(f"{k}.loss_agg_mode", _loss_agg_modes())
     _check_optim(c, f"{k}.optim", strategy)
     _check_model(c, f"{k}.model")
     _check_checkpoint(c, f"{k}.checkpoint")
@@ -454,16 +512,51 @@ def _check_critic(c: _Checker, world: Optional[int]) -> None:
 
 def _check_reward(c: _Checker) -> None:
     source = c.choice("reward.reward_manager.source", ("register", "importlib"))
+    manager = c.registered("reward.reward_manager.name", "reward_manager") if source == "register" else None
+    kwargs = c.get("reward.reward_kwargs")
+    if manager is not None and isinstance(kwargs, dict) and kwargs:
+        init = _registry("reward_manager").get_or_raise(manager).__init__
+        params = inspect.signature(init).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            unknown = sorted(k for k in kwargs if k not in params)
+            if unknown:
+                c.fail("reward.reward_kwargs", f"has {unknown}, which reward manager {manager!r} does not take "
+                                               f"(it takes {sorted(k for k in params if k != 'self')}); "
+                                               "remove them or pick the manager they belong to.")
     if source == "importlib" and not c.get("reward.reward_manager.module.path"):
         c.fail("reward.reward_manager.module.path", "must name a Python file when reward_manager.source=importlib.")
     if c.flag("reward.reward_model.enable"):
-        if not c.get("reward.reward_model.model_path"):
-            c.fail("reward.reward_model.model_path", "must be set when reward.reward_model.enable=true.")
-        c.choice("reward.reward_model.rollout.name", ROLLOUT_NAMES)
+        c.fail("reward.reward_model.enable", "is true, but model-based rewards (a reward model scoring responses) "
+                                             "are not implemented in this project; score with a reward function "
+                                             "(reward.custom_reward_function.path) and set it to false.")
     legacy, current = c.get("custom_reward_function.path"), c.get("reward.custom_reward_function.path")
     if legacy and current and legacy != current:
         c.fail("custom_reward_function.path", f"({legacy!r}) conflicts with reward.custom_reward_function.path "
                                               f"({current!r}); keep only the latter.")
+
+
+def _check_key_status(c: _Checker) -> None:
+    """Upstream keys that are not implemented here (key_status.txt) keep their defaults."""
+    from .key_status import check_key_status
+
+    problems, notes = check_key_status(c.cfg)
+    c.problems.extend(problems)
+    c.notes.extend(notes)
+
+
+def _check_profiler(c: _Checker) -> None:
+    from verl.utils.profiler.config import check_profiler_config
+
+    c.problems.extend(check_profiler_config(c.cfg))
+
+
+def _check_out_of_scope(c: _Checker) -> None:
+    """Upstream features selected by a combination of keys rather than by one key."""
+    strategies = {c.get("actor_rollout_ref.actor.strategy"), c.get("critic.strategy")}
+    if "megatron" in strategies and c.get("trainer.device") == "npu":
+        c.fail("trainer.device", "is npu with a megatron strategy, which upstream runs through MindSpeed (Megatron "
+                                 "on Ascend): this project does not implement MindSpeed. Use an FSDP strategy "
+                                 "(model_engine=dp) on NPU.")
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -482,6 +575,9 @@ def validate_config(cfg: DictConfig) -> None:
     _check_rollout(c, world)
     _check_critic(c, world)
     _check_reward(c)
+    _check_out_of_scope(c)
+    _check_profiler(c)
+    _check_key_status(c)
     for note in c.notes:
         warnings.warn(note, ConfigWarning, stacklevel=2)
     if c.problems:

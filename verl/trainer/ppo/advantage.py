@@ -186,15 +186,19 @@ def compute_gdpo_outcome_advantage(
     weights = None
     if config is not None and non_tensor_batch is not None and batch is not None:
         keys = config_get(config, "gdpo_reward_keys")
-        assert keys, "GDPO requires 'algorithm.gdpo_reward_keys' naming the reward components to normalise."
+        if not keys:
+            raise ValueError("adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components (keys "
+                             "of the reward function's returned dict) to normalise separately.")
         prompt_len = batch["prompts"].size(1)
         last_tok = batch["attention_mask"][:, prompt_len:].sum(dim=1) - 1
         rows = torch.arange(response_mask.shape[0], device=response_mask.device)
         components = []
         for key in keys:
-            assert key in non_tensor_batch, (
-                f"GDPO reward key '{key}' not in non_tensor_batch (available: {list(non_tensor_batch)})."
-            )
+            if key not in non_tensor_batch:
+                raise ValueError(
+                    f"algorithm.gdpo_reward_keys names {key!r}, but the reward function returned no such key "
+                    f"(per-sample keys: {sorted(non_tensor_batch)}); return it in reward_extra_info."
+                )
             comp = torch.zeros_like(response_mask, dtype=torch.float32)
             vals = torch.as_tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=comp.device)
             comp[rows, last_tok] = vals

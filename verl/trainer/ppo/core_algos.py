@@ -9,9 +9,10 @@ re-exports the implementations, which live in:
 * :mod:`verl.trainer.ppo.kl`          - KL estimators, controllers, in-reward KL
 * :mod:`verl.trainer.ppo.pf_ppo`      - PF-PPO batch resampling
 
-The registry helpers look the registry up as a module global at call time, so
-code (and upstream tests) that rebinds ``core_algos.ADV_ESTIMATOR_REGISTRY``
-or ``core_algos.POLICY_LOSS_REGISTRY`` is honoured.
+Both registries are :class:`verl.utils.registry.Registry` instances (dict
+subclasses, so code reading ``core_algos.ADV_ESTIMATOR_REGISTRY[...]`` keeps
+working); config validation asks them, so whatever is registered before
+``main_ppo`` runs is accepted.
 """
 
 from enum import Enum
@@ -19,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from verl.utils.registry import Registry
 from verl.trainer.ppo.advantage import (
     compute_gae_advantage_return,
     compute_gdpo_outcome_advantage,
@@ -69,24 +71,20 @@ __all__ = ["register_adv_est", "get_adv_estimator_fn", "AdvantageEstimator"]
 #   -> (scalar loss, metrics dict)
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 
-POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
+POLICY_LOSS_REGISTRY = Registry("policy loss", config_key="actor_rollout_ref.actor.policy_loss.loss_mode")
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under ``name`` (a later registration replaces an earlier one)."""
+def register_policy_loss(name: str, *, override: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator registering a policy loss under ``name``.
 
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        POLICY_LOSS_REGISTRY[name] = fn
-        return fn
-
-    return decorator
+    Like every registry here, binding a taken name to a different function raises unless ``override=True``.
+    """
+    return POLICY_LOSS_REGISTRY.register(name, override=override)
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     """Look up a policy loss; an unknown name raises ``ValueError`` listing the registered modes."""
-    if name not in POLICY_LOSS_REGISTRY:
-        raise ValueError(f"Unsupported loss mode: {name}. Supported modes are: {list(POLICY_LOSS_REGISTRY)}")
-    return POLICY_LOSS_REGISTRY[name]
+    return POLICY_LOSS_REGISTRY.get_or_raise(name)
 
 
 # ----------------------------------------------------------------------------- advantage registry
@@ -114,45 +112,31 @@ class AdvantageEstimator(str, Enum):
     REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
     REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
     REMAX = "remax"
-    # declared for name compatibility; no implementation is registered yet
+    # upstream names; not registered (they need per-token gradient norms from the actor), so validation
+    # refuses them by name
     OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
     TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
 
 
-ADV_ESTIMATOR_REGISTRY: dict[str, Any] = {}
+ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator", config_key="algorithm.adv_estimator")
 
 
 def _estimator_name(name_or_enum) -> str:
     return name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
 
 
-def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Any:
+def register_adv_est(name_or_enum: str | AdvantageEstimator, *, override: bool = False) -> Any:
     """Decorator registering an advantage estimator under a string or enum name.
 
-    Registering the same function twice is a no-op; binding a taken name to a
-    *different* function raises, so plugins cannot silently replace each other.
+    Registering the same function twice is a no-op; binding a taken name to a *different* function raises
+    (unless ``override=True``), so plugins cannot silently replace each other.
     """
-
-    def decorator(fn):
-        name = _estimator_name(name_or_enum)
-        current = ADV_ESTIMATOR_REGISTRY.get(name)
-        if current is not None and current != fn:
-            raise ValueError(f"Adv estimator {name} has already been registered: {current} vs {fn}")
-        ADV_ESTIMATOR_REGISTRY[name] = fn
-        return fn
-
-    return decorator
+    return ADV_ESTIMATOR_REGISTRY.register(_estimator_name(name_or_enum), override=override)
 
 
 def get_adv_estimator_fn(name_or_enum):
     """Look up an estimator; an unknown name raises ``ValueError`` listing the registered ones."""
-    name = _estimator_name(name_or_enum)
-    if name not in ADV_ESTIMATOR_REGISTRY:
-        # message prefix kept verbatim from upstream: callers/tests match on it
-        raise ValueError(
-            f"Unknown advantage estimator simply: {name}. Registered estimators: {sorted(ADV_ESTIMATOR_REGISTRY)}"
-        )
-    return ADV_ESTIMATOR_REGISTRY[name]
+    return ADV_ESTIMATOR_REGISTRY.get_or_raise(_estimator_name(name_or_enum))
 
 
 # ----------------------------------------------------------------------------- built-in registrations

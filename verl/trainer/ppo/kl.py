@@ -20,10 +20,13 @@ import numpy as np
 import torch
 
 from verl.utils.py_functional import config_get
+from verl.utils.registry import Registry
 from verl.utils.torch_functional import masked_mean
 
 __all__ = [
     "KL_PENALTY_TYPES",
+    "KL_ESTIMATOR_REGISTRY",
+    "register_kl_estimator",
     "kl_penalty",
     "kl_penalty_forward",
     "AdaptiveKLController",
@@ -33,18 +36,18 @@ __all__ = [
     "apply_kl_penalty",
 ]
 
-# Canonical name for each accepted alias; "full" is recognised but not implemented.
-_KL_ALIASES = {
-    "kl": "k1",
-    "k1": "k1",
-    "abs": "abs",
-    "mse": "k2",
-    "k2": "k2",
-    "low_var_kl": "k3",
-    "k3": "k3",
-    "full": "full",
-}
-KL_PENALTY_TYPES = tuple(_KL_ALIASES)
+# KL estimators by canonical name; upstream's spellings are aliases. "full" (exact KL over the whole
+# vocabulary) is upstream's too, but it needs full-vocabulary logits, so it is not registered: validation
+# refuses it by name instead of the run failing later.
+KL_ESTIMATOR_REGISTRY = Registry(
+    "KL estimator",
+    aliases={"kl": "k1", "mse": "k2", "low_var_kl": "k3"},
+)
+
+
+def register_kl_estimator(name: str, fn=None, *, override: bool = False):
+    """Register ``fn(logprob, ref_logprob) -> per-token KL`` under ``name`` (decorator-friendly)."""
+    return KL_ESTIMATOR_REGISTRY.register(name, fn, override=override)
 
 
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -52,28 +55,35 @@ def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     # estimate itself because k3 can still be huge for very unlikely tokens.
     neg = torch.clamp(-log_ratio, min=-20.0, max=20.0)
     est = torch.exp(neg) - neg - 1.0
-    return torch.clamp(est, min=-10.0, max=10.0)
+    return torch.clamp(est, min=-10.0, max=10.0).contiguous()
+
+
+register_kl_estimator("k1", lambda logprob, ref: logprob - ref)
+register_kl_estimator("abs", lambda logprob, ref: (logprob - ref).abs())
+register_kl_estimator("k2", lambda logprob, ref: 0.5 * (logprob - ref).square())
+register_kl_estimator("k3", lambda logprob, ref: _k3(logprob - ref))
+
+
+def kl_type_names() -> tuple[str, ...]:
+    """Every accepted spelling (registered names and their aliases)."""
+    return tuple(sorted(set(KL_ESTIMATOR_REGISTRY) | set(KL_ESTIMATOR_REGISTRY.aliases)))
+
+
+def __getattr__(name: str):
+    # KL_PENALTY_TYPES is computed on access so estimators registered later are listed too.
+    if name == "KL_PENALTY_TYPES":
+        return kl_type_names()
+    raise AttributeError(name)
 
 
 def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
     """Evaluate one KL estimator (no ``+`` suffix handling)."""
-    kind = _KL_ALIASES.get(kl_penalty)
-    if kind is None:
+    if not KL_ESTIMATOR_REGISTRY.known(kl_penalty):
         raise ValueError(
-            f"Unknown kl_penalty type {kl_penalty!r}. Valid choices: {list(KL_PENALTY_TYPES)} "
+            f"Unknown kl_penalty type {kl_penalty!r}. Valid choices: {list(kl_type_names())} "
             "(optionally with a '+' suffix for a k2 straight-through gradient, e.g. 'low_var_kl+')."
         )
-    if kind == "full":
-        # Would need the full vocabulary distribution rather than per-token log-probs.
-        raise NotImplementedError("kl_penalty='full' needs full-vocabulary logits and is not implemented.")
-    diff = logprob - ref_logprob
-    if kind == "k1":
-        return diff
-    if kind == "abs":
-        return diff.abs()
-    if kind == "k2":
-        return 0.5 * diff.square()
-    return _k3(diff).contiguous()
+    return KL_ESTIMATOR_REGISTRY.get_or_raise(kl_penalty)(logprob, ref_logprob)
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
@@ -85,7 +95,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     straight_through = kl_penalty.endswith("+")
     base = kl_penalty[:-1] if straight_through else kl_penalty
     value = kl_penalty_forward(logprob, ref_logprob, base)
-    if not straight_through or _KL_ALIASES[base] == "k2":
+    if not straight_through or KL_ESTIMATOR_REGISTRY.canonical(base) == "k2":
         return value
     surrogate = 0.5 * (logprob - ref_logprob).square()
     # value of `value`, gradient of `surrogate`

@@ -8,6 +8,7 @@ touches model weights.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import shutil
@@ -33,7 +34,9 @@ from verl.trainer.ppo.metric_utils import (
     process_validation_metrics,
     reduce_metrics,
 )
+from verl.trainer.ppo.remax import greedy_reward_baselines
 from verl.trainer.ppo.reward import compute_reward
+from verl.utils.profiler import StepProfiler
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +74,8 @@ def compute_advantage(data: DataProto, adv_estimator, gamma: float = 1.0, lam: f
             kwargs["norm_adv_by_std_in_grpo"] = norm_adv_by_std_in_grpo
         if "reward_baselines" in data.batch.keys():
             kwargs["reward_baselines"] = data.batch["reward_baselines"]
+        if "non_tensor_batch" in inspect.signature(fn).parameters:  # GDPO reads per-key rewards from the batch
+            kwargs.update(non_tensor_batch=data.non_tensor_batch, batch=data.batch)
         adv, ret = fn(**kwargs)
     data.batch["advantages"] = adv
     data.batch["returns"] = ret
@@ -106,6 +111,7 @@ class RayPPOTrainer:
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
         self.world_size = self.actor_rollout_wg.world_size
+        self.profiler = StepProfiler(config, worker_groups)  # global_profiler.*: torch traces of chosen steps
 
     def _total_steps(self) -> int:
         per_epoch = len(self.train_dataloader)
@@ -247,7 +253,8 @@ class RayPPOTrainer:
             for batch_dict in self.train_dataloader:
                 if self.global_steps > self.total_training_steps:
                     break
-                metrics = self._train_step(batch_dict)
+                with self.profiler.step(self.global_steps):
+                    metrics = self._train_step(batch_dict)
                 is_last = self.global_steps >= self.total_training_steps
                 save_freq = cfg.trainer.get("save_freq", -1)
                 if save_freq and save_freq > 0 and (is_last or self.global_steps % save_freq == 0):
@@ -278,6 +285,8 @@ class RayPPOTrainer:
         with marked_timer("step", timing):
             batch = DataProto.from_single_dict(batch_dict)
             batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+            if cfg.algorithm.adv_estimator == AdvantageEstimator.REMAX.value:  # ReMax: greedy baseline per prompt
+                batch.batch["reward_baselines"] = greedy_reward_baselines(self, batch)
             batch = batch.repeat(repeat_times=n, interleave=True)
             gen = self._gen_batch(batch)
             gen.meta_info = {"global_steps": self.global_steps}

@@ -1,45 +1,26 @@
-"""Name -> reward manager class, so configs can pick a manager by ``reward_manager: <name>``."""
+"""Name -> reward manager class, so configs can pick a manager by ``reward.reward_manager.name``."""
 
 from __future__ import annotations
 
 from typing import Callable
 
+from verl.utils.registry import Registry
+
 __all__ = ["REWARD_MANAGER_REGISTRY", "register", "get_reward_manager_cls"]
 
-REWARD_MANAGER_REGISTRY: dict[str, type] = {}
+REWARD_MANAGER_REGISTRY = Registry("reward manager", config_key="reward.reward_manager.name")
 
 
-def register(name: str) -> Callable[[type], type]:
+def register(name: str, *, override: bool = False) -> Callable[[type], type]:
     """Class decorator registering a reward manager under ``name``.
 
-    Re-registering the same class is a no-op (modules can be reloaded); a different class under a taken
-    name is an error, since silently replacing it would change which manager a config gets.
+    Re-registering the same class (or its twin from a reloaded module) is a no-op; a different class under
+    a taken name is an error unless ``override=True``, since silently replacing it would change which
+    manager a config gets.
     """
-
-    def decorator(cls: type) -> type:
-        taken = REWARD_MANAGER_REGISTRY.setdefault(name, cls)
-        if _dotted(taken) != _dotted(cls):
-            raise ValueError(
-                f"Reward manager name {name!r} is already registered to {_dotted(taken)}; "
-                f"cannot register {_dotted(cls)} under it too"
-            )
-        REWARD_MANAGER_REGISTRY[name] = cls  # a reloaded module's class replaces its stale twin
-        return cls
-
-    return decorator
-
-
-def _dotted(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return REWARD_MANAGER_REGISTRY.register(name, override=override)
 
 
 def get_reward_manager_cls(name: str) -> type:
-    """The class registered under ``name``."""
-    try:
-        return REWARD_MANAGER_REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(REWARD_MANAGER_REGISTRY)) or "none"
-        raise ValueError(
-            f"Unknown reward manager {name!r} (registered: {known}); import the module that registers it, "
-            "or fix reward_manager in the config"
-        ) from None
+    """The class registered under ``name``; an unknown name lists the registered ones."""
+    return REWARD_MANAGER_REGISTRY.get_or_raise(name)

@@ -7,12 +7,13 @@ engine requests and engine outputs back into the trainer's tensors, so every eng
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 import torch
+
+from verl.utils.registry import Registry
 
 
 @dataclass
@@ -72,33 +73,22 @@ class BaseRollout(ABC):
         """Re-acquire what :meth:`sleep` released."""
 
 
-# name -> dotted path of an engine class, or of a factory with the same signature (vLLM picks colocated vs
-# server mode from ``rollout.mode``).
-_ROLLOUT_REGISTRY: dict[str, str] = {
-    "hf": "verl.workers.rollout.hf_rollout.HFRollout",
-    "vllm": "verl.workers.rollout.vllm_rollout.create_vllm_rollout",
-}
+# name -> engine class, or dotted path of one (or of a factory with the same signature: vLLM picks colocated vs
+# server mode from ``rollout.mode``); dotted paths are imported on first use so heavy engines stay optional.
+ROLLOUT_REGISTRY = Registry(
+    "rollout engine",
+    config_key="actor_rollout_ref.rollout.name",
+    extras={"vllm": "vllm", "sglang": "sglang"},
+)
+ROLLOUT_REGISTRY.register("hf", "verl.workers.rollout.hf_rollout.HFRollout")
+ROLLOUT_REGISTRY.register("vllm", "verl.workers.rollout.vllm_rollout.create_vllm_rollout")
 
-_EXTRA_FOR = {"vllm": "vllm", "sglang": "sglang"}
 
-
-def register_rollout(name: str, qualified_class_name: str) -> None:
-    """Make ``actor_rollout_ref.rollout.name=<name>`` resolve to a user-provided engine class."""
-    _ROLLOUT_REGISTRY[name] = qualified_class_name
+def register_rollout(name: str, qualified_class_name, *, override: bool = False) -> None:
+    """Make ``actor_rollout_ref.rollout.name=<name>`` resolve to a user-provided engine (class or dotted path)."""
+    ROLLOUT_REGISTRY.register(name, qualified_class_name, override=override)
 
 
 def get_rollout_class(name: str):
     """The engine constructor for ``name``: called as ``(config, model_config, tokenizer, module, processor)``."""
-    if name not in _ROLLOUT_REGISTRY:
-        raise ValueError(
-            f"actor_rollout_ref.rollout.name={name!r} is not a known rollout engine; "
-            f"choose one of {sorted(_ROLLOUT_REGISTRY)}"
-        )
-    module_name, cls_name = _ROLLOUT_REGISTRY[name].rsplit(".", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        extra = _EXTRA_FOR.get(name)
-        hint = f" Install it with `pip install -e .[{extra}]`." if extra else ""
-        raise ImportError(f"rollout engine {name!r} could not be imported ({e}).{hint}") from e
-    return getattr(module, cls_name)
+    return ROLLOUT_REGISTRY.get_or_raise(name)

@@ -1,0 +1,82 @@
+"""``python -m verl.trainer.main_ppo`` as a user types it (issue 10 items 9 and 11, ReMax's greedy baseline).
+
+* No model path: the embedded demo runs with the overrides applied, including seed 003's minimal and
+  recommended LoRA commands (a couple of steps each).
+* Data and reward mistakes end in one paragraph naming the file / row / function and what to do, exit 1,
+  no traceback unless VERL_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.trainer.e2e_utils import run_main_ppo, train_records
+
+SHORT = ["trainer.total_training_steps=2"]
+
+
+def _assert_one_paragraph(proc, head: str, *words: str) -> str:
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(head)]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def test_seed_003_minimal_lora_command(tmp_path):
+    proc, records = run_main_ppo(tmp_path, ["algorithm.adv_estimator=grpo", "actor_rollout_ref.model.lora_rank=64",
+                                            "actor_rollout_ref.rollout.load_format=safetensors", *SHORT],
+                                 config_name=None)
+    # No model path: the embedded demo, with every override applied (two steps, not the demo's 60).
+    assert "running the embedded demo" in proc.stderr
+    assert "LoRA r=64" in proc.stdout + proc.stderr
+    assert sorted(train_records(records)) == [1, 2]
+
+
+def test_seed_003_recommended_lora_command(tmp_path):
+    proc, records = run_main_ppo(tmp_path, ["algorithm.adv_estimator=grpo", "actor_rollout_ref.model.lora_rank=64",
+                                            "actor_rollout_ref.model.lora_alpha=32",
+                                            "actor_rollout_ref.model.target_modules=all-linear",
+                                            "actor_rollout_ref.rollout.load_format=safetensors", *SHORT],
+                                 config_name=None)
+    assert "LoRA r=64 alpha=32" in proc.stdout + proc.stderr
+    assert sorted(train_records(records)) == [1, 2]
+
+
+def test_remax_uses_a_greedy_baseline(tmp_path):
+    proc, records = run_main_ppo(tmp_path, ["algorithm.adv_estimator=remax", "trainer.launcher=local",
+                                            "trainer.val_before_train=false", "trainer.test_freq=-1", *SHORT])
+    steps = train_records(records)
+    assert sorted(steps) == [1, 2]
+    # ReMax advantages are reward minus the greedy reward: not all zero, and not the raw rewards' sign alone.
+    assert all("critic/advantages/mean" in m for m in steps.values())
+
+
+def test_missing_data_file(tmp_path):
+    missing = tmp_path / "nope" / "train.parquet"
+    proc, _ = run_main_ppo(tmp_path, [f"data.train_files={missing}", "trainer.launcher=local"], check=False)
+    _assert_one_paragraph(proc, "Data error:", str(missing), "data.train_files")
+    debug, _ = run_main_ppo(tmp_path / "debug", [f"data.train_files={missing}", "trainer.launcher=local"],
+                            check=False, env_extra={"VERL_DEBUG": "1"})
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_malformed_row(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    good = {"data_source": "letter_echo", "prompt": [{"role": "user", "content": "Repeat: a"}],
+            "reward_model": {"ground_truth": "a"}}
+    rows.write_text(json.dumps(good) + "\n" + json.dumps({"data_source": "letter_echo", "question": "?"}) + "\n")
+    proc, _ = run_main_ppo(tmp_path, [f"data.train_files={rows}", f"data.val_files={rows}",
+                                      "trainer.launcher=local"], check=False)
+    _assert_one_paragraph(proc, "Data error:", "row 1", str(rows), "data.prompt_key")
+
+
+def test_reward_function_that_raises(tmp_path):
+    fn = tmp_path / "my_reward.py"
+    fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                  "    raise ZeroDivisionError('bad scorer')\n")
+    proc, _ = run_main_ppo(tmp_path, [f"reward.custom_reward_function.path={fn}", "trainer.launcher=local",
+                                      *SHORT], check=False)
+    _assert_one_paragraph(proc, "Reward error:", "ZeroDivisionError", "bad scorer", str(fn))

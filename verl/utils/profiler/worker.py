@@ -1,0 +1,27 @@
+"""The two worker methods the trainer's profiler hook calls; every :class:`Worker` has them."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from verl.single_controller.decorator import Dispatch, register
+
+__all__ = ["ProfilerWorkerMixin"]
+
+
+class ProfilerWorkerMixin:
+    """``start_profile`` / ``stop_profile`` on every rank (each rank decides from the spec whether it traces)."""
+
+    _trace_recorder = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_profile(self, spec: dict, label: str) -> bool:
+        from .torch_profile import TorchTraceRecorder
+
+        if self._trace_recorder is None:
+            self._trace_recorder = TorchTraceRecorder()
+        return self._trace_recorder.start(spec, int(getattr(self, "rank", 0)), label)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stop_profile(self) -> Optional[str]:
+        return self._trace_recorder.stop() if self._trace_recorder is not None else None
