@@ -153,9 +153,12 @@ def run_ppo(cfg: DictConfig) -> dict:
     reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0, **(cfg.reward.get("reward_kwargs") or {}))
     val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=1, **(cfg.reward.get("reward_kwargs") or {}))
     use_critic = cfg.algorithm.adv_estimator == "gae"
-    steps_per_epoch = len(train_ds) // cfg.data.train_batch_size
+    steps_per_epoch = len(train_ds) // (cfg.data.get("gen_batch_size") or cfg.data.train_batch_size)
     total = cfg.trainer.get("total_training_steps") or steps_per_epoch * cfg.trainer.total_epochs
     _set_total_steps(cfg, int(total))
+    from verl.trainer.ppo.rollout_corr import prepare_bypass_config
+
+    prepare_bypass_config(cfg)  # bypass_mode hands the actor its loss before the workers start
     groups = launch_workers(cfg, build_role_specs(cfg, use_critic))
     for wg in groups.values():
         wg.init_model()
