@@ -92,6 +92,9 @@ def shard_model(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enable
     model = load_hf_model(path, dtype=torch.float32, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
                           declared_model_type=model_cfg.get("model_type"),
                           **dict(model_cfg.get("override_config") or {}))
+    from verl.models.moe_router import configure_moe_router
+
+    configure_moe_router(model, model_cfg, role)  # MoE: router aux loss off in RL unless enable_router_aux_loss
     if role == "critic":
         from verl.workers.critic.value_model import ValueModel
 

@@ -501,6 +501,8 @@ def _check_recipes(c: _Checker) -> None:
                                         "use loss_mode=vanilla or turn bypass_mode off.")
     elif c.get(f"{rc}.loss_type") == "reinforce":
         c.fail(f"{rc}.loss_type", "=reinforce applies only with rollout_correction.bypass_mode=true.")
+    if c.flag("critic.model.enable_router_aux_loss"):
+        c.fail("critic.model.enable_router_aux_loss", "is for the actor only; the critic's router gets no aux loss.")
     kwargs = c.get("reward.reward_kwargs") or {}
     if not isinstance(kwargs, dict):
         return
