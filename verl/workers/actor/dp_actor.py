@@ -21,6 +21,7 @@ from verl.utils.device import get_device_name
 from verl.utils.py_functional import append_to_dict
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
 from verl.workers.actor.inputs import pack_micro_batch, unpack_to_responses
+from verl.workers.config import actor_config_from_omegaconf
 
 logger = logging.getLogger(__name__)
 
@@ -32,22 +33,6 @@ def compute_device() -> torch.device:
     from verl.utils.device import get_torch_device
 
     return torch.device(name, get_torch_device().current_device())
-
-
-class LossConfig:
-    """Attribute view over the actor config plus ``global_batch_info``, as core_algos' loss functions expect."""
-
-    def __init__(self, cfg, global_batch_info: dict):
-        self._cfg = cfg
-        self.global_batch_info = global_batch_info
-
-    def __getattr__(self, name):
-        return getattr(self._cfg, name)
-
-    def get(self, name, default=None):
-        if name == "global_batch_info":
-            return self.global_batch_info
-        return self._cfg.get(name, default)
 
 
 class DataParallelPPOActor:
@@ -167,7 +152,7 @@ class DataParallelPPOActor:
         for _epoch in range(cfg.ppo_epochs):
             for mini in mini_batches:
                 global_info = self._global_batch_info(mini.batch["response_mask"])
-                loss_cfg = LossConfig(cfg, global_info)
+                loss_cfg = actor_config_from_omegaconf(cfg, global_info)  # what policy losses receive
                 micro, _ = self._micro_batches(mini, cfg.ppo_micro_batch_size_per_gpu, cfg.use_dynamic_bsz,
                                                cfg.get("ppo_max_token_len_per_gpu"), keys)
                 self.actor_optimizer.zero_grad(set_to_none=True)
