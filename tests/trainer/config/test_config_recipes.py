@@ -75,3 +75,9 @@ def test_overlong_buffer_needs_dapo_and_max_resp_len(compose_fn, valid_overrides
                                                   "+reward.reward_kwargs.overlong_buffer_cfg.len=4"])
     with pytest.raises(ConfigValidationError, match="max_resp_len"):
         validate_config(cfg)
+
+
+def test_function_tool_path_keys(base_cfg):
+    check_overrides(base_cfg, ["actor_rollout_ref.rollout.multi_turn.function_tool_path=/x/tools.py"])
+    check_overrides(base_cfg, ["data.function_tool_path=/x/tools.py"])
+    assert "data.function_tool_path" not in upstream_only_keys()

@@ -501,6 +501,10 @@ def _check_recipes(c: _Checker) -> None:
                                         "use loss_mode=vanilla or turn bypass_mode off.")
     elif c.get(f"{rc}.loss_type") == "reinforce":
         c.fail(f"{rc}.loss_type", "=reinforce applies only with rollout_correction.bypass_mode=true.")
+    if c.get("actor_rollout_ref.rollout.multi_turn.function_tool_path") and not c.flag(
+            "actor_rollout_ref.rollout.multi_turn.enable"):
+        c.warn("actor_rollout_ref.rollout.multi_turn.function_tool_path is set but multi_turn.enable=false: "
+               "no agent loop offers the tools.")
     if c.flag("critic.model.enable_router_aux_loss"):
         c.fail("critic.model.enable_router_aux_loss", "is for the actor only; the critic's router gets no aux loss.")
     kwargs = c.get("reward.reward_kwargs") or {}
