@@ -24,6 +24,7 @@ It may return a string, a dict (sent as JSON), a :class:`ToolResponse`, or ``(re
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -125,25 +126,32 @@ def load_function_tools_from_path(path: str) -> list[FunctionTool]:
         raise FileNotFoundError(f"function_tool_path {path!r} does not exist (looked at {abs_path})")
     if abs_path in _LOADED:
         return list(_LOADED[abs_path])
-    before = set(FUNCTION_TOOL_REGISTRY)
-    module_name = "_verl_function_tools_" + abs_path.replace(os.sep, "_").replace(".", "_")
-    spec = importlib.util.spec_from_file_location(module_name, abs_path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"function_tool_path {path!r} cannot be imported as a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # lets the file's own functions be pickled and found again
-    try:
-        spec.loader.exec_module(module)
-    except Exception:
-        sys.modules.pop(module_name, None)
-        raise
-    names = sorted(set(FUNCTION_TOOL_REGISTRY) - before)
+    known = set(FUNCTION_TOOL_REGISTRY)
+    _import_file(abs_path, path)
+    names = sorted(set(FUNCTION_TOOL_REGISTRY) - known)
     if not names:
         raise ValueError(f"function_tool_path {path!r} defines no @function_tool functions; decorate the functions "
                          "to expose, or unset function_tool_path")
     _LOADED[abs_path] = [FUNCTION_TOOL_REGISTRY[n] for n in names]
     logger.info("loaded function tools %s from %s", names, path)
     return list(_LOADED[abs_path])
+
+
+def _import_file(abs_path: str, shown: str) -> None:
+    """Import a file by path under a name derived from it; registered in sys.modules so that the file's
+    functions can be pickled and found again, and dropped again if the import fails."""
+    digest = hashlib.sha1(abs_path.encode()).hexdigest()[:16]
+    name = f"verl_user_function_tools_{digest}"
+    spec = importlib.util.spec_from_file_location(name, abs_path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"function_tool_path {shown!r} cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
 
 
 def _as_response(value: Any) -> ToolResponse:

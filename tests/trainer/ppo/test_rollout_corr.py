@@ -24,6 +24,7 @@ def test_gap_metrics_are_probability_differences_over_response_tokens():
     assert m["training/rollout_probs_diff_max"] == pytest.approx(0.2, abs=1e-6)
     assert m["training/rollout_probs_diff_mean"] == pytest.approx(diffs.mean().item(), abs=1e-6)
     assert m["training/rollout_probs_diff_std"] == pytest.approx(diffs.std().item(), abs=1e-6)
+    assert -1.0 <= m["training/rollout_actor_probs_pearson_corr"] <= 1.0
     empty = rc.rollout_probs_diff_metrics(old, roll, torch.zeros_like(mask))
     assert empty["training/rollout_probs_diff_valid"] == 0 and math.isnan(empty["training/rollout_probs_diff_max"])
 

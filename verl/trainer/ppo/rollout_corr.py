@@ -56,18 +56,23 @@ BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
 
 def rollout_probs_diff_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
                                response_mask: torch.Tensor) -> dict[str, float]:
-    """|p_trainer - p_rollout| of the sampled tokens over response tokens: max, mean, std (upstream's names)."""
+    """|p_trainer - p_rollout| of the sampled tokens over response tokens: max, mean, std, and the Pearson
+    correlation of the two probabilities (upstream's debug metrics and names)."""
     mask = response_mask.bool()
     if not mask.any():
         nan = float("nan")
         return {"training/rollout_probs_diff_valid": 0, "training/rollout_probs_diff_max": nan,
-                "training/rollout_probs_diff_mean": nan, "training/rollout_probs_diff_std": nan}
-    diff = (old_log_probs.double().exp() - rollout_log_probs.double().exp()).abs()[mask]
+                "training/rollout_probs_diff_mean": nan, "training/rollout_probs_diff_std": nan,
+                "training/rollout_actor_probs_pearson_corr": nan}
+    p_train, p_roll = old_log_probs.double().exp()[mask], rollout_log_probs.double().exp()[mask]
+    diff = (p_train - p_roll).abs()
+    corr = torch.corrcoef(torch.stack([p_train, p_roll]))[0, 1].item() if diff.numel() > 1 else float("nan")
     return {
         "training/rollout_probs_diff_valid": 1,
         "training/rollout_probs_diff_max": diff.max().item(),
         "training/rollout_probs_diff_mean": diff.mean().item(),
         "training/rollout_probs_diff_std": diff.std().item() if diff.numel() > 1 else 0.0,
+        "training/rollout_actor_probs_pearson_corr": corr,
     }
 
 
