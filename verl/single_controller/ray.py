@@ -9,10 +9,47 @@ from typing import Any
 from verl.single_controller.worker_group import ColocatedWorker, WorkerGroup
 
 
-def find_free_port() -> int:
+def find_free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _node_address_and_free_port() -> tuple[str, int]:
+    """Run on rank 0's node: the address other nodes reach it at (Ray's node IP) and a port free there."""
+    import ray
+
+    ip = ray.util.get_node_ip_address()
+    return ip, find_free_port("")
+
+
+def _interface_of(ip: str) -> str | None:
+    """The network interface that holds ``ip`` (None if none does, or it is loopback)."""
+    import psutil
+
+    if ip.startswith("127."):
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return name
+    return None
+
+
+class RayColocatedWorker(ColocatedWorker):
+    """The Ray actor: before joining the process group, gloo is told to use the interface of this node's Ray
+    address. Left alone it resolves the hostname, which is often 127.0.0.1, and ranks on other nodes can then
+    never connect (the group set-up hangs)."""
+
+    def __init__(self, role_specs):
+        import os
+
+        import ray
+
+        if "GLOO_SOCKET_IFNAME" not in os.environ:
+            iface = _interface_of(ray.util.get_node_ip_address())
+            if iface:
+                os.environ["GLOO_SOCKET_IFNAME"] = iface
+        super().__init__(role_specs)
 
 
 @dataclass
@@ -56,13 +93,18 @@ def create_ray_worker_groups(pool: RayResourcePool, role_specs: dict[str, tuple[
         bundle[pool.device_resource] = 1
     pg = placement_group([dict(bundle) for _ in range(pool.world_size)], strategy="PACK")
     ray.get(pg.ready(), timeout=300)
-    master_port = str(find_free_port())
-    actor_cls = ray.remote(ColocatedWorker)
+    # torch.distributed's rendezvous lives with rank 0: its node's address and a port free on that node, found
+    # there (a driver-side 127.0.0.1 and driver-side port only work when every rank shares the driver's host).
+    probe = ray.remote(num_cpus=0)(_node_address_and_free_port).options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0))
+    master_addr, master_port = ray.get(probe.remote(), timeout=120)
+    master_port = str(master_port)
+    actor_cls = ray.remote(RayColocatedWorker)
     actors = []
     for rank in range(pool.world_size):
         runtime_env = {"env_vars": {**(env or {}), "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
                                     "LOCAL_RANK": "0" if pool.use_gpu else str(rank),
-                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port}}
+                                    "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}}
         opts = dict(num_cpus=pool.cpus_per_worker, runtime_env=runtime_env,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank))
         if pool.use_gpu:

@@ -20,7 +20,7 @@ from .schemas import OpenAIFunctionToolSchema
 if TYPE_CHECKING:
     from .base_tool import BaseTool
 
-__all__ = ["get_tool_class", "initialize_tools_from_config"]
+__all__ = ["get_tool_class", "initialize_tools_from_config", "load_all_tools"]
 
 _SUPPORTED_TYPES = ("native",)
 
@@ -58,3 +58,17 @@ def initialize_tools_from_config(tools_config_file) -> list["BaseTool"]:
     if dupes:
         raise ValueError(f"{tools_config_file}: duplicate tool names {dupes}")
     return tools
+
+
+def load_all_tools(tool_config_path=None, function_tool_path=None) -> list["BaseTool"]:
+    """Tools from the YAML (``tool_config_path``) and from ``@function_tool`` functions (``function_tool_path``);
+    a name defined in both is an error."""
+    from .function_tool import load_function_tools_from_path
+
+    tools = initialize_tools_from_config(tool_config_path) if tool_config_path else []
+    functions = load_function_tools_from_path(function_tool_path) if function_tool_path else []
+    clash = sorted({t.name for t in tools} & {t.name for t in functions})
+    if clash:
+        raise ValueError(f"tool name(s) {clash} are defined both in tool_config_path ({tool_config_path}) and in "
+                         f"function_tool_path ({function_tool_path}); rename one")
+    return tools + functions

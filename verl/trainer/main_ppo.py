@@ -144,9 +144,12 @@ def run_ppo(cfg: DictConfig) -> dict:
         val_reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=1, **reward_kwargs),
                                         _reward_where(cfg))
     use_critic = cfg.algorithm.adv_estimator == "gae"
-    steps_per_epoch = len(train_ds) // cfg.data.train_batch_size
+    steps_per_epoch = len(train_ds) // (cfg.data.get("gen_batch_size") or cfg.data.train_batch_size)
     total = cfg.trainer.get("total_training_steps") or steps_per_epoch * cfg.trainer.total_epochs
     _set_total_steps(cfg, int(total))
+    from verl.trainer.ppo.rollout_corr import prepare_bypass_config
+
+    prepare_bypass_config(cfg)  # bypass_mode hands the actor its loss before the workers start
     groups = launch_workers(cfg, build_role_specs(cfg, use_critic))
     for wg in groups.values():
         wg.init_model()

@@ -83,28 +83,64 @@ def test_multiple_calls_per_turn(tok):
     "text, fragment",
     [
         (CALC + "1+1</parameter></function>", "unclosed <tool_call>"),
-        (CALC + "1+1</function></tool_call>", "unclosed or stray <parameter"),
         (CALC + "1</parameter></tool_call>", "unclosed or stray <function"),
         ("<tool_call>just text</tool_call>", "expected <function=NAME>"),
         (xml("rm_rf", path="/"), "unknown function 'rm_rf'"),
-        (xml("f", i="3.5"), "expected an integer"),
-        (xml("f", i="__import__('os').system('echo pwned')"), "expected an integer"),
-        (xml("f", n="nan"), "expected a number"),
-        (xml("f", n="1e999"), "out of range"),
-        (xml("f", b="yes"), "expected true or false"),
-        (xml("f", o="[1, 2]"), "expected dict"),
-        (xml("f", o="__import__('os').system('echo pwned')"), "not a valid dict literal"),
-        (xml("f", a="(lambda: 1)()"), "not a valid list literal"),
-        (xml("f", a="[" * 200 + "]" * 200), "nested deeper"),
-        (xml("f", a="[" + "1," * 20000 + "1]"), "longer than"),
+        ("<tool_call><function=calculator<parameter=expression>1</parameter></function></tool_call>",
+         "malformed function header"),
+        ("<tool_call><function=>x</function></tool_call>", "malformed function header"),
+        ("<tool_call><function=calculator</function></tool_call>", "malformed function header"),
         ("stray </tool_call>", "without a matching"),
     ],
     ids=lambda v: v[:30] if isinstance(v, str) else None,
 )
-def test_hostile_and_malformed_inputs_yield_errors_not_exceptions(tok, text, fragment):
+def test_malformed_calls_yield_errors_not_calls(tok, text, fragment):
     r = parse(tok, text)
     assert r.calls == []
     assert any(fragment in e for e in r.errors), r.errors
+
+
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        ({"i": "3.5"}, "expected an integer"),
+        ({"i": "__import__('os').system('echo pwned')"}, "expected an integer"),
+        ({"n": "nan"}, "expected a number"),
+        ({"n": "1e999"}, "out of range"),
+        ({"b": "yes"}, "expected true or false"),
+        ({"o": "[1, 2]"}, "expected dict"),
+        ({"o": "__import__('os').system('echo pwned')"}, "not a valid dict literal"),
+        ({"a": "(lambda: 1)()"}, "not a valid list literal"),
+        ({"a": "[" * 200 + "]" * 200}, "nested deeper"),
+        ({"a": "[" + "1," * 20000 + "1]"}, "longer than"),
+    ],
+    ids=lambda v: str(v)[:30],
+)
+def test_a_malformed_parameter_is_skipped_and_valid_ones_survive(tok, bad, fragment):
+    r = parse(tok, xml("f", s="kept", **bad))
+    (call,) = r.calls
+    assert json.loads(call.arguments) == {"s": "kept"}
+    assert any(fragment in e for e in r.errors), r.errors
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("<parameter=expression>1+1", "has no </parameter>"),
+    ("<parameter=expression 1+1</parameter>", "malformed parameter header"),
+    ("<parameter=>1</parameter>", "malformed parameter header"),
+])
+def test_malformed_parameter_headers_are_skipped(tok, body, fragment):
+    text = f"<tool_call><function=f><parameter=i>4</parameter>{body}</function></tool_call>"
+    r = parse(tok, text)
+    (call,) = r.calls
+    assert json.loads(call.arguments) == {"i": 4}
+    assert any(fragment in e for e in r.errors), r.errors
+
+
+def test_missing_or_empty_tools_list_means_no_tools(tok):
+    for tools in (None, []):
+        r = parse(tok, xml("anything", i="3"), tools=tools)
+        assert r.errors == [] and r.calls[0].name == "anything"
+        assert json.loads(r.calls[0].arguments) == {"i": "3"}  # nothing to type against
 
 
 def test_dangerous_string_stays_string(tok, tmp_path):

@@ -235,11 +235,10 @@ class AgentLoopManager:
         self.processor = processor
         mt = _cfg_get(self.rollout_config, "multi_turn")
         if tools is None:
-            path = _cfg_get(mt, "tool_config_path")
-            if path:
-                from verl.tools.tool_registry import initialize_tools_from_config
+            from verl.tools.tool_registry import load_all_tools
 
-                tools = initialize_tools_from_config(path)
+            fn_path = _cfg_get(mt, "function_tool_path") or _cfg_get(_cfg_get(config, "data"), "function_tool_path")
+            tools = load_all_tools(_cfg_get(mt, "tool_config_path"), fn_path)
         self.tools = list(tools or [])
         self.rope_indexer = rope_indexer or (rope_indexer_from_config(model_config) if model_config else None)
         if self.rope_indexer is None and processor is not None and hasattr(processor, "get_rope_index"):

@@ -262,8 +262,8 @@ def _convert_single(value: str, t: str) -> Any:
     return value
 
 
-_FUNCTION_RE = re.compile(r"<function=([^>\n]*)>(.*?)</function>", re.DOTALL)
-_PARAM_RE = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
+_FUNCTION_RE = re.compile(r"<function=(.*?)</function>", re.DOTALL)
+_HEADER_RE = re.compile(r"[^<>\n]+")
 
 
 def _strip_one_newline(value: str) -> str:
@@ -275,12 +275,32 @@ def _strip_one_newline(value: str) -> str:
     return value
 
 
+def _split_header(text: str) -> tuple[Optional[str], str]:
+    """``"NAME>rest"`` -> (NAME, rest); (None, text) when the header is malformed (no ``>``, empty, or broken by
+    a tag or a newline before the ``>``)."""
+    end = text.find(">")
+    if end == -1:
+        return None, text
+    name = text[:end].strip()
+    if not name or not _HEADER_RE.fullmatch(text[:end]):
+        return None, text
+    return name, text[end + 1 :]
+
+
 @ToolParser.register("qwen3_coder")
 class Qwen3XMLToolParser(ToolParser):
-    """Qwen3.5 / Qwen3-Coder XML tool calls, several per turn, values typed by the tool schema."""
+    """Qwen3.5 / Qwen3-Coder XML tool calls, several per turn, values typed by the tool schema.
+
+    Malformed input, as upstream treats it: a malformed function header (no ``>``, an empty name) yields no
+    call; a malformed parameter (bad header, no ``</parameter>``, or a value that is not of its schema type) is
+    skipped while the call keeps its valid parameters; with no tools list (None or empty) nothing is typed or
+    name-checked. Every skip is reported in ``errors`` so the agent loop can tell the model. Where upstream
+    keeps an unconvertible value as a string, this parser drops it: a schema-violating value never reaches a
+    tool.
+    """
 
     def parse_text(self, text: str, tools=None) -> ToolParseResult:
-        table = _schema_properties(tools)
+        table = _schema_properties(tools) or None  # a missing or empty tools list means no tools
         content, blocks, errors = _split_tool_call_blocks(text)
         calls: list[FunctionCall] = []
         for i, body in enumerate(blocks, 1):
@@ -296,33 +316,42 @@ class Qwen3XMLToolParser(ToolParser):
                 errors.append(f"tool call {i}: expected <function=NAME>...</function> inside <tool_call>")
                 continue
             for fn in functions:
-                call, err = self._parse_function(fn.group(1).strip(), fn.group(2), table)
-                if err:
-                    errors.append(f"tool call {i}: {err}")
-                else:
+                call, errs = self._parse_function(fn.group(1), table)
+                errors.extend(f"tool call {i}: {e}" for e in errs)
+                if call is not None:
                     calls.append(call)
         return ToolParseResult(content=content, calls=calls, errors=errors)
 
     @staticmethod
-    def _parse_function(name: str, body: str, table) -> tuple[Optional[FunctionCall], Optional[str]]:
-        if not name:
-            return None, "empty function name"
+    def _parse_function(text: str, table) -> tuple[Optional[FunctionCall], list[str]]:
+        name, body = _split_header(text)
+        if name is None:
+            return None, [f"malformed function header {text[:40]!r}: expected <function=NAME>"]
         err = _unknown_function_error(name, table)
         if err:
-            return None, err
-        rest = _PARAM_RE.sub("", body)
-        if "<parameter=" in rest or "</parameter>" in rest:
-            return None, f"function {name!r}: unclosed or stray <parameter=...> tag"
+            return None, [err]
         props = table.get(name, {}) if table is not None else {}
         args: dict[str, Any] = {}
-        for p in _PARAM_RE.finditer(body):
-            key, raw = p.group(1).strip(), _strip_one_newline(p.group(2))
-            if not key:
-                return None, f"function {name!r}: parameter with an empty name"
+        errors: list[str] = []
+        head, *chunks = body.split("<parameter=")
+        if "</parameter>" in head:
+            errors.append(f"function {name!r}: </parameter> without a matching <parameter=...>")
+        for chunk in chunks:
+            close = chunk.find("</parameter>")
+            if close == -1:
+                errors.append(f"function {name!r}: parameter {chunk[:30]!r} has no </parameter>; skipped")
+                continue
+            if "</parameter>" in chunk[close + len("</parameter>"):]:
+                errors.append(f"function {name!r}: stray </parameter> after parameter {chunk[:30]!r}")
+            key, raw = _split_header(chunk[:close])
+            if key is None:
+                errors.append(f"function {name!r}: malformed parameter header {chunk[:30]!r}; skipped")
+                continue
+            raw = _strip_one_newline(raw)
             schema_type = (props.get(key) or {}).get("type")
             try:
                 # Parameters the schema does not know stay strings; the tool decides what to do with them.
                 args[key] = convert_param_value(raw, schema_type) if schema_type is not None else raw
             except ValueConversionError as e:
-                return None, f"function {name!r}, parameter {key!r}: {e}"
-        return FunctionCall(name=name, arguments=json.dumps(args, ensure_ascii=False)), None
+                errors.append(f"function {name!r}, parameter {key!r}: {e}; skipped")
+        return FunctionCall(name=name, arguments=json.dumps(args, ensure_ascii=False)), errors

@@ -559,6 +559,64 @@ def _check_out_of_scope(c: _Checker) -> None:
                                  "(model_engine=dp) on NPU.")
 
 
+def _check_recipes(c: _Checker) -> None:
+    """DAPO (filter_groups, gen_batch_size, the dapo reward manager's overlong buffer) and rollout correction."""
+    from verl.trainer.ppo import rollout_corr
+
+    c.integer("data.gen_batch_size", minimum=1, allow_none=True)
+    fg = "algorithm.filter_groups"
+    if c.flag(f"{fg}.enable"):
+        c.integer(f"{fg}.max_num_gen_batches")
+        if not isinstance(c.get(f"{fg}.metric"), str) or not c.get(f"{fg}.metric"):
+            c.fail(f"{fg}.metric", "must name the score ('reward') or a per-sample reward_extra_info key (e.g. 'acc').")
+        if c.get("actor_rollout_ref.rollout.n") == 1:
+            c.warn("algorithm.filter_groups.enable=true with rollout.n=1: a group of one response cannot be "
+                   "filtered, every prompt is kept.")
+    rc = "algorithm.rollout_correction"
+    c.choice(f"{rc}.rollout_is", rollout_corr.IS_LEVELS, allow_none=True)
+    if c.get(f"{rc}.rollout_is") is not None:
+        try:
+            rollout_corr.parse_is_threshold(c.get(f"{rc}.rollout_is_threshold"))
+        except ValueError as err:
+            c.fail(f"{rc}.rollout_is_threshold", f"is invalid: {err}.")
+    rs = c.get(f"{rc}.rollout_rs")
+    if rs is not None:
+        try:
+            options = rollout_corr.parse_rs(rs)
+            rollout_corr.parse_rs_thresholds(options, c.get(f"{rc}.rollout_rs_threshold"))
+        except ValueError as err:
+            c.fail(f"{rc}.rollout_rs", f"/ rollout_rs_threshold are invalid: {err}.")
+    c.choice(f"{rc}.loss_type", rollout_corr.BYPASS_LOSS_TYPES)
+    if c.flag(f"{rc}.bypass_mode"):
+        mode = c.get("actor_rollout_ref.actor.policy_loss.loss_mode")
+        if mode not in ("vanilla", "bypass_mode"):
+            c.fail(f"{rc}.bypass_mode", f"replaces the policy loss, but actor.policy_loss.loss_mode={mode!r}; "
+                                        "use loss_mode=vanilla or turn bypass_mode off.")
+    elif c.get(f"{rc}.loss_type") == "reinforce":
+        c.fail(f"{rc}.loss_type", "=reinforce applies only with rollout_correction.bypass_mode=true.")
+    if c.get("actor_rollout_ref.rollout.multi_turn.function_tool_path") and not c.flag(
+            "actor_rollout_ref.rollout.multi_turn.enable"):
+        c.warn("actor_rollout_ref.rollout.multi_turn.function_tool_path is set but multi_turn.enable=false: "
+               "no agent loop offers the tools.")
+    if c.flag("critic.model.enable_router_aux_loss"):
+        c.fail("critic.model.enable_router_aux_loss", "is for the actor only; the critic's router gets no aux loss.")
+    kwargs = c.get("reward.reward_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        return
+    name = c.get("reward.reward_manager.name")
+    if name != "dapo" and ({"overlong_buffer_cfg", "max_resp_len"} & set(kwargs)):
+        c.fail("reward.reward_kwargs.overlong_buffer_cfg", f"is read only by the dapo reward manager (got "
+                                                          f"reward.reward_manager.name={name!r}); set it to dapo.")
+    ob = kwargs.get("overlong_buffer_cfg") or {}
+    if name == "dapo" and isinstance(ob, dict) and ob.get("enable"):
+        max_len, buf = kwargs.get("max_resp_len"), ob.get("len")
+        if not isinstance(max_len, int) or max_len < 1:
+            c.fail("reward.reward_kwargs.max_resp_len", "must be set (usually data.max_response_length) when "
+                                                        "overlong_buffer_cfg.enable=true.")
+        elif not isinstance(buf, int) or not 0 < buf <= max_len:
+            c.fail("reward.reward_kwargs.overlong_buffer_cfg.len", f"must be in 1..max_resp_len ({max_len}).")
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Check a composed trainer config; raise :class:`ConfigValidationError` listing every problem.
 
@@ -578,6 +636,7 @@ def validate_config(cfg: DictConfig) -> None:
     _check_out_of_scope(c)
     _check_profiler(c)
     _check_key_status(c)
+    _check_recipes(c)
     for note in c.notes:
         warnings.warn(note, ConfigWarning, stacklevel=2)
     if c.problems:

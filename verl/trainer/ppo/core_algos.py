@@ -46,6 +46,7 @@ from verl.trainer.ppo.kl import (
 )
 from verl.trainer.ppo.loss_agg import AGG_LOSS_MODES, agg_loss, compute_entropy_loss, compute_value_loss
 from verl.trainer.ppo.pf_ppo import compute_pf_ppo_reweight_data
+from verl.trainer.ppo.rollout_corr import compute_policy_loss_bypass_mode
 from verl.trainer.ppo.policy_loss import (
     compute_policy_loss,
     compute_policy_loss_cispo,
@@ -170,6 +171,7 @@ for _name, _fn in (
     ("geo_mean", compute_policy_loss_geo_mean),
     ("dro", compute_policy_loss_dro),
     ("cispo", compute_policy_loss_cispo),
+    ("bypass_mode", compute_policy_loss_bypass_mode),  # set by algorithm.rollout_correction.bypass_mode
 ):
     register_policy_loss(_name)(_fn)
 

@@ -31,8 +31,10 @@ _NAN = float("nan")
 
 
 def reduce_metrics(metrics: dict[str, list[Any]]) -> dict[str, Any]:
-    """Mean of each metric list, e.g. ``{"loss": [1, 3]} -> {"loss": 2.0}``."""
-    return {name: float(np.mean(vals)) for name, vals in metrics.items()}
+    """Kept for upstream imports; :func:`verl.utils.metric.reduce_metrics` is the one implementation."""
+    from verl.utils.metric import reduce_metrics as _reduce
+
+    return _reduce(metrics)
 
 
 def _has(tensors, key: str) -> bool:

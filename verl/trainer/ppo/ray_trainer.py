@@ -22,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
-from verl.trainer.ppo import core_algos
+from verl.trainer.ppo import core_algos, filter_groups, rollout_corr
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.dataloader import StepDataLoader
 from verl.trainer.ppo.kl import apply_kl_penalty
@@ -103,7 +103,9 @@ class RayPPOTrainer:
         self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         data = config.data
-        self.train_dataloader = StepDataLoader(train_dataset, batch_size=data.train_batch_size, collate_fn=collate_fn,
+        # data.gen_batch_size prompts per generation (DAPO draws several when filtering); else one train batch.
+        self.train_dataloader = StepDataLoader(train_dataset, batch_size=data.get("gen_batch_size") or
+                                               data.train_batch_size, collate_fn=collate_fn,
                                                shuffle=data.get("shuffle", True), seed=data.get("seed", 1) or 1)
         val_bs = data.get("val_batch_size") or len(val_dataset) if val_dataset is not None else 0
         self.val_dataloader = (StepDataLoader(val_dataset, batch_size=val_bs, collate_fn=collate_fn, shuffle=False,
@@ -112,6 +114,7 @@ class RayPPOTrainer:
         self.global_steps = 0
         self.world_size = self.actor_rollout_wg.world_size
         self.profiler = StepProfiler(config, worker_groups)  # global_profiler.*: torch traces of chosen steps
+        self._batches = None  # the prompt-batch stream fit() draws from (DAPO draws extra batches from it)
 
     def _total_steps(self) -> int:
         per_epoch = len(self.train_dataloader)
@@ -249,32 +252,88 @@ class RayPPOTrainer:
         progress = _progress(self.total_training_steps, self.global_steps)
         history: list[dict] = []
         self.global_steps += 1
+        self._batches = self._batch_stream()
         while self.global_steps <= self.total_training_steps:
-            for batch_dict in self.train_dataloader:
-                if self.global_steps > self.total_training_steps:
-                    break
-                with self.profiler.step(self.global_steps):
-                    metrics = self._train_step(batch_dict)
-                is_last = self.global_steps >= self.total_training_steps
-                save_freq = cfg.trainer.get("save_freq", -1)
-                if save_freq and save_freq > 0 and (is_last or self.global_steps % save_freq == 0):
-                    with marked_timer("save_checkpoint", self._timing):
-                        self._save_checkpoint()
-                    metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
-                test_freq = cfg.trainer.get("test_freq", -1)
-                if self.val_reward_fn is not None and test_freq and test_freq > 0 and (
-                        is_last or self.global_steps % test_freq == 0):
-                    last_val = self._validate()
-                    metrics.update(last_val)
-                metrics["training/global_step"] = self.global_steps
-                metrics["training/epoch"] = self.train_dataloader.epoch
-                if tracker is not None:
-                    tracker.log(metrics, step=self.global_steps)
-                history.append(metrics)
-                progress.update(1)
-                self.global_steps += 1
+            with self.profiler.step(self.global_steps):
+                metrics = self._train_step(next(self._batches))
+            is_last = self.global_steps >= self.total_training_steps
+            save_freq = cfg.trainer.get("save_freq", -1)
+            if save_freq and save_freq > 0 and (is_last or self.global_steps % save_freq == 0):
+                with marked_timer("save_checkpoint", self._timing):
+                    self._save_checkpoint()
+                metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
+            test_freq = cfg.trainer.get("test_freq", -1)
+            if self.val_reward_fn is not None and test_freq and test_freq > 0 and (
+                    is_last or self.global_steps % test_freq == 0):
+                last_val = self._validate()
+                metrics.update(last_val)
+            metrics["training/global_step"] = self.global_steps
+            metrics["training/epoch"] = self.train_dataloader.epoch
+            if tracker is not None:
+                tracker.log(metrics, step=self.global_steps)
+            history.append(metrics)
+            progress.update(1)
+            self.global_steps += 1
         progress.close()
         return {"history": history, "last_val": last_val}
+
+    def _batch_stream(self):
+        """Prompt batches epoch after epoch (the loader itself advances its epoch and resumable position)."""
+        while True:
+            yield from self.train_dataloader
+
+    def _generate_and_score(self, batch_dict: dict, timing: dict, metrics: dict) -> DataProto:
+        """One generation batch: repeat each prompt rollout.n times, generate, score."""
+        n = self.config.actor_rollout_ref.rollout.n
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        if self.config.algorithm.adv_estimator == AdvantageEstimator.REMAX.value:  # ReMax: greedy baseline per prompt
+            batch.batch["reward_baselines"] = greedy_reward_baselines(self, batch)
+        batch = batch.repeat(repeat_times=n, interleave=True)
+        gen = self._gen_batch(batch)
+        gen.meta_info = {"global_steps": self.global_steps}
+        with marked_timer("gen", timing):
+            gen_out = self._dp_call(self.actor_rollout_wg.generate_sequences, gen)
+        # One metrics dict per data-parallel rank (merged by DataProto.concat); agent-loop ones are logged.
+        metrics.update(_combine_agent_loop_metrics(gen_out.meta_info.pop("metrics", None)))
+        batch = self._merge_generation(batch, gen_out)
+        if "response_mask" not in batch.batch.keys():
+            batch.batch["response_mask"] = compute_response_mask(batch)
+        with marked_timer("reward", timing):
+            scores, extra = compute_reward(batch, self.reward_fn)
+            batch.batch["token_level_scores"] = scores
+            for k, v in extra.items():
+                if len(v) == len(batch):
+                    batch.non_tensor_batch[k] = np.array(v, dtype=object)
+        return batch
+
+    def _dynamic_sample(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
+        """DAPO: keep groups with a non-zero spread of filter_groups.metric until train_batch_size prompts."""
+        fg = self.config.algorithm.filter_groups
+        want = int(self.config.data.train_batch_size)
+        cap = int(fg.get("max_num_gen_batches") or 0)
+        if self._batches is None:
+            self._batches = self._batch_stream()
+        kept: list[DataProto] = []
+        n_kept, n_seen, num_gen = 0, 0, 1
+        while True:
+            rows, groups_kept, groups = filter_groups.kept_group_rows(
+                batch.non_tensor_batch["uid"], filter_groups.group_metric_values(batch, fg.metric))
+            n_kept, n_seen = n_kept + groups_kept, n_seen + groups
+            if rows:
+                kept.append(batch[rows])
+            if n_kept >= want:
+                break
+            if cap > 0 and num_gen >= cap:
+                raise RuntimeError(
+                    f"algorithm.filter_groups: after {num_gen} generation batches (max_num_gen_batches={cap}) only "
+                    f"{n_kept} of the {want} prompts (data.train_batch_size) needed had responses that disagree on "
+                    f"{fg.metric!r} ({n_seen} prompts tried). The data may be too hard or too easy for the model; "
+                    "raise max_num_gen_batches (0 = no limit) or data.gen_batch_size, or filter the data set.")
+            num_gen += 1
+            batch = self._generate_and_score(next(self._batches), timing, metrics)
+        metrics["train/num_gen_batches"] = num_gen
+        return filter_groups.trim_to_groups(DataProto.concat(kept), want)
 
     def _train_step(self, batch_dict: dict) -> dict[str, Any]:
         cfg = self.config
@@ -282,36 +341,34 @@ class RayPPOTrainer:
         self._timing = timing
         metrics: dict[str, Any] = {}
         n = cfg.actor_rollout_ref.rollout.n
+        rc = cfg.algorithm.get("rollout_correction")
+        bypass = bool(rc is not None and rc.get("bypass_mode", False))
         with marked_timer("step", timing):
-            batch = DataProto.from_single_dict(batch_dict)
-            batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-            if cfg.algorithm.adv_estimator == AdvantageEstimator.REMAX.value:  # ReMax: greedy baseline per prompt
-                batch.batch["reward_baselines"] = greedy_reward_baselines(self, batch)
-            batch = batch.repeat(repeat_times=n, interleave=True)
-            gen = self._gen_batch(batch)
-            gen.meta_info = {"global_steps": self.global_steps}
-            with marked_timer("gen", timing):
-                gen_out = self._dp_call(self.actor_rollout_wg.generate_sequences, gen)
-            # One metrics dict per data-parallel rank (merged by DataProto.concat); agent-loop ones are logged.
-            metrics.update(_combine_agent_loop_metrics(gen_out.meta_info.pop("metrics", None)))
-            batch = self._merge_generation(batch, gen_out)
-            if "response_mask" not in batch.batch.keys():
-                batch.batch["response_mask"] = compute_response_mask(batch)
+            batch = self._generate_and_score(batch_dict, timing, metrics)
+            if cfg.algorithm.get("filter_groups") is not None and cfg.algorithm.filter_groups.get("enable", False):
+                batch = self._dynamic_sample(batch, timing, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            with marked_timer("reward", timing):
-                scores, extra = compute_reward(batch, self.reward_fn)
-                batch.batch["token_level_scores"] = scores
-                for k, v in extra.items():
-                    if len(v) == len(batch):
-                        batch.non_tensor_batch[k] = np.array(v, dtype=object)
             with marked_timer("old_log_prob", timing):
-                old = self._dp_call(self.actor_rollout_wg.compute_log_prob, batch)
-                if "entropys" in old.batch.keys():
-                    ent = old.batch.pop("entropys")
-                    metrics["actor/entropy"] = core_algos.agg_loss(
-                        ent, batch.batch["response_mask"].float(), cfg.actor_rollout_ref.actor.loss_agg_mode).item()
-                old.meta_info = {}
-                batch = batch.union(old)
+                if bypass:  # rollout_correction.bypass_mode: the rollout's log-probs are pi_old
+                    if "rollout_log_probs" not in batch.batch.keys():
+                        raise ValueError("algorithm.rollout_correction.bypass_mode needs rollout_log_probs from the "
+                                         "rollout engine; this rollout did not return them")
+                    batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
+                else:
+                    old = self._dp_call(self.actor_rollout_wg.compute_log_prob, batch)
+                    if "entropys" in old.batch.keys():
+                        ent = old.batch.pop("entropys")
+                        metrics["actor/entropy"] = core_algos.agg_loss(
+                            ent, batch.batch["response_mask"].float(),
+                            cfg.actor_rollout_ref.actor.loss_agg_mode).item()
+                    old.meta_info = {}
+                    batch = batch.union(old)
+                    if "rollout_log_probs" in batch.batch.keys():  # the rollout/trainer gap, every step
+                        metrics.update(rollout_corr.rollout_probs_diff_metrics(
+                            batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
+                            batch.batch["response_mask"]))
+                    if rollout_corr.is_enabled(rc):
+                        metrics.update(rollout_corr.apply_rollout_correction(batch, rc))
             if self.use_reference_policy:
                 with marked_timer("ref", timing):
                     batch = batch.union(self._dp_call(self.actor_rollout_wg.compute_ref_log_prob, batch))

@@ -15,25 +15,10 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
 from verl.utils.py_functional import append_to_dict
+from verl.workers.config import actor_config_from_omegaconf
 from verl.workers.engine.base import BaseEngine, response_slice
 
 _LOG_PROB_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
-
-
-class LossConfig:
-    """Attribute view over the actor config plus ``global_batch_info``, as core_algos' loss functions expect."""
-
-    def __init__(self, cfg, global_batch_info: dict):
-        self._cfg = cfg
-        self.global_batch_info = global_batch_info
-
-    def __getattr__(self, name):
-        return getattr(self._cfg, name)
-
-    def get(self, name, default=None):
-        if name == "global_batch_info":
-            return self.global_batch_info
-        return self._cfg.get(name, default)
 
 
 class PolicyLoss:
@@ -56,7 +41,8 @@ class PolicyLoss:
         cfg = self.config
         response_length = mb["responses"].size(-1)
         info = dict(mb["global_batch_info"])
-        loss_cfg = LossConfig(cfg, {**info, "loss_scale_factor": cfg.get("loss_scale_factor")})
+        # What policy losses receive: the actor section as upstream's ActorConfig dataclass (verl.workers.config).
+        loss_cfg = actor_config_from_omegaconf(cfg, {**info, "loss_scale_factor": cfg.get("loss_scale_factor")})
         loss_agg_mode = cfg.loss_agg_mode
         log_prob = response_slice(outputs["log_probs"], response_length)
         response_mask = mb["response_mask"].to(torch.float32)

@@ -2,5 +2,6 @@
 
 from .registry import get_reward_manager_cls, register  # noqa: I001  (registry first: managers use it)
 from .naive import NaiveRewardManager
+from .dapo import DAPORewardManager
 
-__all__ = ["NaiveRewardManager", "get_reward_manager_cls", "register"]
+__all__ = ["DAPORewardManager", "NaiveRewardManager", "get_reward_manager_cls", "register"]

@@ -89,6 +89,9 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
     model = load_hf_model(path, dtype=dtype, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
                           declared_model_type=model_cfg.get("model_type"),
                           **dict(model_cfg.get("override_config") or {}))
+    from verl.models.moe_router import configure_moe_router
+
+    configure_moe_router(model, model_cfg, role)  # MoE: router aux loss off in RL unless enable_router_aux_loss
     spec = get_model_spec(model.config)
     if bool(model_cfg.get("use_liger", False)):
         apply_liger(model)

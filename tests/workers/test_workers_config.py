@@ -1,0 +1,79 @@
+"""verl.workers.config: the actor dataclasses come from the YAML and are what policy losses receive."""
+
+import dataclasses
+
+import pytest
+import torch
+from omegaconf import OmegaConf, open_dict
+
+from verl.trainer.config.checks import compose_config
+from verl.trainer.ppo import core_algos
+from verl.workers.config import ActorConfig, FSDPActorConfig, McoreActorConfig, PolicyLossConfig, \
+    actor_config_from_omegaconf
+
+ACTOR_YAML = "verl/trainer/config/actor/actor.yaml"
+
+
+def test_fields_and_defaults_are_the_yamls():
+    raw = OmegaConf.load(ACTOR_YAML)
+    pl = PolicyLossConfig()
+    for key, value in raw.policy_loss.items():
+        assert pl[key] == value
+    names = {f.name for f in dataclasses.fields(ActorConfig)}
+    assert set(raw.keys()) - {"defaults"} <= names
+    assert ActorConfig().clip_ratio_c == raw.clip_ratio_c
+
+
+def test_frozen_except_global_batch_info_and_mapping_access():
+    cfg = ActorConfig(clip_ratio=0.3)
+    assert cfg.get("clip_ratio") == 0.3 and cfg["clip_ratio"] == 0.3 and cfg.get("nope", 1) == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.clip_ratio = 0.1
+    cfg.global_batch_info = {"dp_size": 2}
+    assert dict(cfg)["global_batch_info"] == {"dp_size": 2}
+
+
+def test_built_from_the_composed_config():
+    base = compose_config("ppo_trainer", ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+                                          "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"], validate=False)
+    cfg = actor_config_from_omegaconf(base.actor_rollout_ref.actor, {"dp_size": 1})
+    assert isinstance(cfg, FSDPActorConfig) and isinstance(cfg, ActorConfig)
+    assert cfg.clip_ratio_high == 0.28 and cfg.policy_loss.loss_mode == "gspo"
+    assert cfg.global_batch_info == {"dp_size": 1}
+    assert cfg.optim["lr"] == base.actor_rollout_ref.actor.optim.lr  # composed-in sections stay reachable
+    mcore = compose_config("ppo_megatron_trainer", ["actor_rollout_ref.rollout.name=hf"], validate=False)
+    assert isinstance(actor_config_from_omegaconf(mcore.actor_rollout_ref.actor), McoreActorConfig)
+
+
+def test_unknown_policy_loss_key_is_refused():
+    with pytest.raises(ValueError, match="PolicyLossConfig does not declare"):
+        actor_config_from_omegaconf({"strategy": "fsdp", "policy_loss": {"loss_mode": "vanilla", "foo": 1}})
+
+
+def test_the_actor_hands_custom_policy_losses_an_actor_config():
+    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.protocol import DataProto
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from tests.workers.actor.test_dp_parity import make_batch
+
+    seen = []
+
+    @core_algos.register_policy_loss("test_records_config")
+    def _loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+              rollout_is_weights=None):
+        seen.append(config)
+        return -(log_prob * advantages * response_mask).sum() / response_mask.sum(), {}
+
+    try:
+        cfg = compose_config("ppo_trainer", ["actor_rollout_ref.rollout.name=hf"], validate=False).actor_rollout_ref.actor
+        with open_dict(cfg):
+            cfg.ppo_mini_batch_size = 8
+            cfg.ppo_micro_batch_size_per_gpu = 4
+            cfg.policy_loss.loss_mode = "test_records_config"
+        model = build_tiny_qwen3_5(None, kind="dense", seed=0, with_tokenizer=False)
+        actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=0.1), use_remove_padding=False)
+        actor.update_policy(DataProto.from_dict(tensors=make_batch(), meta_info={"temperature": 1.0}))
+    finally:
+        core_algos.POLICY_LOSS_REGISTRY.pop("test_records_config", None)
+    assert seen and all(isinstance(c, ActorConfig) for c in seen)
+    assert seen[0].global_batch_info["batch_num_tokens"] > 0 and seen[0].policy_loss.loss_mode == "test_records_config"
