@@ -154,8 +154,10 @@ class ActorRolloutRefWorker(Worker):
 
             self.agent_loop = AgentLoopManager(self.full_config, self.rollout, self.tokenizer, self.processor,
                                                model_config=self.actor_module.config)
-        if rcfg.name != "hf":
-            self._sync_rollout_weights()
+        from verl.workers.weight_sync.cycle import RolloutCycle
+
+        # Sleep after generating, wake weights -> sync -> wake KV cache before generating (free_cache_engine).
+        self.rollout_cycle = RolloutCycle(self.rollout, self._sync_rollout_weights if rcfg.name != "hf" else _no_sync)
 
     def _sync_rollout_weights(self):
         from verl.workers.weight_sync import iter_hf_weights
@@ -180,10 +182,14 @@ class ActorRolloutRefWorker(Worker):
 
         t0 = time.time()
         prompts.meta_info.setdefault("response_length", self.config.rollout.response_length)
-        if self.agent_loop is not None:
-            out = self.agent_loop.generate_sequences(prompts)
-        else:
-            out = generate_sequences(self.rollout, prompts, self.config.rollout, self.eos_ids, self.pad_token_id)
+        self.rollout_cycle.before_generate()
+        try:
+            if self.agent_loop is not None:
+                out = self.agent_loop.generate_sequences(prompts)
+            else:
+                out = generate_sequences(self.rollout, prompts, self.config.rollout, self.eos_ids, self.pad_token_id)
+        finally:
+            self.rollout_cycle.after_generate()
         # Numbers that differ between data-parallel ranks go in meta_info["metrics"] as one dict per rank:
         # DataProto.concat merges that key into lists, and rejects any other key whose values differ.
         rank_metrics = dict(out.meta_info.pop("agent_loop_metrics", None) or {})
@@ -232,8 +238,8 @@ class ActorRolloutRefWorker(Worker):
         lr = self.actor_lr_scheduler.get_last_lr()[0]
         self.actor_lr_scheduler.step()
         metrics["actor/lr"] = lr
-        if self._is_rollout and self.config.rollout.name != "hf":
-            self._sync_rollout_weights()
+        if self._is_rollout:
+            self.rollout_cycle.weights_changed()
         metrics["perf/update_actor_s"] = time.time() - t0
         return metrics
 
@@ -246,9 +252,13 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):
         self.checkpoint_manager.load_checkpoint(local_path)
-        if self._is_rollout and self.config.rollout.name != "hf":
-            self._sync_rollout_weights()
+        if self._is_rollout:
+            self.rollout_cycle.weights_changed()
         return True
+
+
+def _no_sync():
+    """The hf engine generates with the actor module itself: nothing to sync."""
 
 
 class _UlyssesGroup:

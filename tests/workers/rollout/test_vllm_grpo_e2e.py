@@ -12,7 +12,7 @@ pytestmark = pytest.mark.vllm
 
 
 def test_grpo_three_steps_with_vllm_rollout(tmp_path):
-    from verl.workers.rollout.vllm_rollout.testing import build_engine_checkpoint
+    from tests.vllm_testing import build_engine_checkpoint
 
     model = tmp_path / "model"
     build_engine_checkpoint(str(model), "dense")  # head dims the CPU GDN kernel accepts

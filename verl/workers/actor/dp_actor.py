@@ -95,7 +95,9 @@ class DataParallelPPOActor:
         """Log-prob of ``labels`` (the next token at every position) and entropy, from model outputs."""
         if self.use_fused_kernels:
             return out.log_probs, (out.entropy if calculate_entropy else None)
-        logits = out.logits.float() / temperature
+        from verl.utils.model_output import get_logits
+
+        logits = get_logits(out).float() / temperature  # tuple outputs (logits, ...) too
         log_probs = verl_F.logprobs_from_logits(logits, labels)
         entropy = verl_F.entropy_from_logits(logits) if calculate_entropy else None
         return log_probs, entropy
