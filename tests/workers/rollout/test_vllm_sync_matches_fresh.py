@@ -53,6 +53,42 @@ def _colocated(path):
     return lambda: vLLMRollout(rollout_config(), model_config(path), tokenizer=None)
 
 
+@pytest.fixture
+def packed_cpu_gemm(monkeypatch):
+    """STAND-IN for vLLM's CPU GEMM pre-packing on AVX-512 hosts (sgl-kernel / oneDNN keep a packed *copy* of
+    each weight in ``layer.cpu_linear``; on AVX2-only hosts like this one the GEMM reads ``layer.weight``
+    live, so a tied head cannot go stale and the bug does not show). Emulated by snapshotting the weight where
+    vLLM packs it: what processing derived from the old weights then survives a reload unless re-processed."""
+    import torch.nn.functional as F
+    from vllm.model_executor.layers import utils
+
+    real = utils.dispatch_cpu_unquantized_gemm
+
+    def snapshot_dispatch(layer, remove_weight):
+        real(layer, remove_weight=False)
+        if layer.weight.is_meta or layer.weight.ndim != 2:
+            return
+        snap = layer.weight.detach().clone()
+        layer.cpu_linear = lambda x, weight, bias: F.linear(x, snap, bias)
+
+    monkeypatch.setattr(utils, "dispatch_cpu_unquantized_gemm", snapshot_dispatch)
+
+
+def test_tied_head_is_refreshed_where_vllm_packs_weights(tmp_path, packed_cpu_gemm):
+    hf = build_engine_checkpoint(tmp_path / "model", "dense")
+    _step_and_compare(tmp_path, hf, _colocated(tmp_path / "model"))
+
+
+def test_stand_in_reproduces_the_stale_head_without_the_refresh(tmp_path, packed_cpu_gemm, monkeypatch):
+    """Control for the test above: with the refresh switched off, the same check fails (the stale tied head)."""
+    import verl.utils.vllm.reload as reload
+
+    monkeypatch.setattr(reload, "refresh_aliased_layers", lambda model, process=None: [])
+    hf = build_engine_checkpoint(tmp_path / "model", "dense")
+    with pytest.raises(AssertionError, match="differs from a fresh one"):
+        _step_and_compare(tmp_path, hf, _colocated(tmp_path / "model"))
+
+
 @pytest.mark.parametrize("kind,overrides", [
     ("dense", {}),  # tied LM head (the tiny default): the stale case that used to fail
     ("dense", {"tie_word_embeddings": False}),

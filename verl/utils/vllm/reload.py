@@ -14,6 +14,7 @@ coverage check uses the engine's word rather than a name mapping of ours.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from typing import Callable, Optional
@@ -81,6 +82,9 @@ class LoadedNames:
             if inner is None:
                 continue
 
+            # wraps(): vLLM's layerwise reload recognises its own loader wrappers by name and unwraps them
+            # through __wrapped__, so the recorder must look like the loader it wraps.
+            @functools.wraps(inner)
             def record(*args, _inner=inner, _name=name, **kwargs):
                 called.add(_name)
                 return _inner(*args, **kwargs)

@@ -115,7 +115,7 @@ def _handle(engine, comm, conn, cmd: str, payload: Any):
 
 
 class vLLMServerClient(BaseRollout):
-    """Trainer-side handle of a rollout server process (``rollout.mode=server``)."""
+    """Trainer-side handle of a rollout server process (``rollout.checkpoint_engine.backend=nccl|hccl|gloo``)."""
 
     def __init__(
         self,
