@@ -68,6 +68,24 @@ def _is_qwen3_5(hf_config) -> bool:
     return get_model_spec(hf_config).family.startswith("qwen3_5")
 
 
+def sync_layout(hf_config, engine_names, *, ascend: bool) -> Optional[Qwen35Layout]:
+    """The name rules a full sync applies before the engine's loader: Qwen3.5's layout (vision tower, MTP head,
+    tied head, shard-level coverage; per-expert checkpoint names on vLLM-Ascend, whose MoE loader needs them),
+    or None for any other architecture (its tensors go to vLLM's loader untouched)."""
+    if not _is_qwen3_5(hf_config):
+        return None
+    fmt = "per_expert" if ascend else "fused"
+    return Qwen35Layout.from_hf_config(hf_config, language_model_only=True, expert_format=fmt).matching_engine(
+        engine_names
+    )
+
+
+def uses_runtime_expert_writer(layout: Optional[Qwen35Layout], *, ascend: bool, standalone: bool) -> bool:
+    """vLLM-Ascend MoE, colocated: fused experts are written straight into the post-processed runtime layout.
+    A server (``standalone``) reloads them through the checkpoint loader and post-processes instead."""
+    return ascend and layout is not None and layout.moe and not standalone
+
+
 class vLLMRollout(BaseRollout):
     """``BaseRollout`` on ``vllm.LLM``; see the module docstring."""
 
@@ -108,13 +126,7 @@ class vLLMRollout(BaseRollout):
         from verl.models.weight_loader_registry import get_weight_loader
 
         self.custom_loader = get_weight_loader(getattr(self.hf_config, "architectures", None))
-        # Qwen3.5 keeps name-level rules (fused shards, vision tower, MTP head, per-expert names for vLLM-Ascend);
-        # any other architecture goes to the engine's loader as checkpoint-named tensors, untouched.
-        self.layout = None
-        if _is_qwen3_5(self.hf_config):
-            self.layout = Qwen35Layout.from_hf_config(
-                self.hf_config, language_model_only=True, expert_format="per_expert" if self.ascend else "fused"
-            ).matching_engine(self._engine_names)
+        self.layout = sync_layout(self.hf_config, self._engine_names, ascend=self.ascend)
         self._lora_request = None
         self._lora_dir = tempfile.mkdtemp(prefix="verl_vllm_lora_")
         self._lora_version = 0
@@ -197,7 +209,7 @@ class vLLMRollout(BaseRollout):
         sent: list[str] = []  # HF names handed on (to the loader or the runtime-layout writer)
         layout = self.layout
         writer = None
-        if self.ascend and layout is not None and layout.moe and not self.full_reload:
+        if uses_runtime_expert_writer(layout, ascend=self.ascend, standalone=self.full_reload):
             writer = self._ascend_expert_writer()
 
         def stream():
