@@ -17,18 +17,20 @@ def generic_grpo_overrides(model_path, steps: int = 2) -> list[str]:
         f"actor_rollout_ref.model.path={model_path}", f"trainer.total_training_steps={steps}",
         "trainer.launcher=local", "trainer.val_before_train=false", "trainer.test_freq=-1",
         "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2",
     ]
 
 
 @pytest.mark.parametrize("kind", ["qwen2_5", "llama", "qwen3"])
-def test_grpo_two_steps_hf_engine(tmp_path, kind):
+def test_grpo_step_hf_engine(tmp_path, kind):
     from tests.generic_models import build_generic_lm
 
     model = tmp_path / "model"
     build_generic_lm(model, kind, tie=kind != "llama")
-    _, rec = run_main_ppo(tmp_path / "run", ["actor_rollout_ref.rollout.name=hf", *generic_grpo_overrides(model)])
+    # One step keeps the default suite fast: rollout, log-probs, reference and actor update all run once.
+    _, rec = run_main_ppo(tmp_path / "run", ["actor_rollout_ref.rollout.name=hf",
+                                             *generic_grpo_overrides(model, steps=1)])
     steps = train_records(rec)
-    assert sorted(steps) == [1, 2]
+    assert sorted(steps) == [1]
     for s in steps.values():
         assert math.isfinite(s["actor/pg_loss"]) and s["response_length/mean"] > 0
