@@ -204,7 +204,7 @@ class vLLMRollout(BaseRollout):
         if lora:
             self._load_lora(weights, lora)
             return
-        from verl.utils.vllm.reload import LoadedNames, refresh_aliased_layers
+        from verl.utils.vllm.reload import LoadedNames, refresh_aliased_layers, repack_cpu_moe_experts
 
         sent: list[str] = []  # HF names handed on (to the loader or the runtime-layout writer)
         layout = self.layout
@@ -230,6 +230,8 @@ class vLLMRollout(BaseRollout):
         elif self.ascend and layout is not None and layout.moe:
             self._post_process_reloaded_experts()
         refresh_aliased_layers(model)  # tied LM head: re-derive what its processing cached from the old weights
+        if self.device is None:
+            repack_cpu_moe_experts(model)  # the CPU build's MoE kernel needs its packed expert layout back
         reported = (loaded.names | set(writer.param_names if writer is not None else ())) if loaded.reported else None
         check_loader_coverage(self._engine_names, reported, sent)
         if layout is not None and self.custom_loader is None:
