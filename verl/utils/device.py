@@ -32,6 +32,7 @@ __all__ = [
     "auto_set_device",
     "manual_seed",
     "manual_seed_all",
+    "is_vllm_ascend_available",
 ]
 
 _npu_probe_cache: dict[bool, bool] = {}
@@ -183,3 +184,9 @@ def manual_seed(seed: int) -> None:
 def manual_seed_all(seed: int) -> None:
     """Seed every accelerator's RNG (the CPU RNG on CPU)."""
     get_torch_device().manual_seed_all(seed)
+
+
+def is_vllm_ascend_available() -> bool:
+    """True on an NPU host with the vLLM-Ascend plugin installed: the vLLM engine then runs vLLM-Ascend's
+    kernels and weight layouts (per-expert MoE names, post-processed expert layouts, NZ weight format)."""
+    return get_device_name() == "npu" and importlib.util.find_spec("vllm_ascend") is not None

@@ -145,8 +145,10 @@ class ActorRolloutRefWorker(Worker):
 
             self.agent_loop = AgentLoopManager(self.full_config, self.rollout, self.tokenizer, self.processor,
                                                model_config=module.config)
-        if rcfg.name != "hf":
-            self._sync_rollout_weights()
+        from verl.workers.weight_sync.cycle import RolloutCycle
+
+        # Sleep after generating, wake weights -> sync -> wake KV cache before generating (free_cache_engine).
+        self.rollout_cycle = RolloutCycle(self.rollout, self._sync_rollout_weights if rcfg.name != "hf" else _no_sync)
 
     def _sync_rollout_weights(self):
         """Weights from the actor engine's parameter generator (adapter-only for LoRA where the rollout can
@@ -163,10 +165,14 @@ class ActorRolloutRefWorker(Worker):
 
         t0 = time.time()
         prompts.meta_info.setdefault("response_length", self.config.rollout.response_length)
-        if self.agent_loop is not None:
-            out = self.agent_loop.generate_sequences(prompts)
-        else:
-            out = generate_sequences(self.rollout, prompts, self.config.rollout, self.eos_ids, self.pad_token_id)
+        self.rollout_cycle.before_generate()
+        try:
+            if self.agent_loop is not None:
+                out = self.agent_loop.generate_sequences(prompts)
+            else:
+                out = generate_sequences(self.rollout, prompts, self.config.rollout, self.eos_ids, self.pad_token_id)
+        finally:
+            self.rollout_cycle.after_generate()
         # Numbers that differ between data-parallel ranks go in meta_info["metrics"] as one dict per rank:
         # DataProto.concat merges that key into lists, and rejects any other key whose values differ.
         rank_metrics = dict(out.meta_info.pop("agent_loop_metrics", None) or {})
@@ -214,8 +220,8 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         metrics = self.actor.update_policy(data)
         metrics["actor/lr"] = self.actor_engine.lr_scheduler_step()
-        if self._is_rollout and self.config.rollout.name != "hf":
-            self._sync_rollout_weights()
+        if self._is_rollout:
+            self.rollout_cycle.weights_changed()
         metrics["perf/update_actor_s"] = time.time() - t0
         return metrics
 
@@ -228,9 +234,13 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):
         self.actor_engine.load_checkpoint(local_path)
-        if self._is_rollout and self.config.rollout.name != "hf":
-            self._sync_rollout_weights()
+        if self._is_rollout:
+            self.rollout_cycle.weights_changed()
         return True
+
+
+def _no_sync():
+    """The hf engine generates with the actor module itself: nothing to sync."""
 
 
 class CriticWorker(Worker):

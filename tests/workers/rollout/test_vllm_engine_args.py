@@ -94,3 +94,28 @@ def test_registry_points_at_engine_and_import_error_names_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # simulate a missing install
     with pytest.raises(ImportError, match=r"pip install -e \.\[vllm\]"):
         vllm_rollout.import_vllm()
+
+
+def test_parallel_keys_reach_vllm_or_are_refused():
+    kw = build_llm_kwargs(_cfg(tensor_model_parallel_size=2, data_parallel_size=2, expert_parallel_size=4),
+                          {"path": "/m"}, on_gpu=True)
+    assert kw["tensor_parallel_size"] == 2 and kw["data_parallel_size"] == 2 and kw["enable_expert_parallel"]
+    plain = build_llm_kwargs(_cfg(data_parallel_size=1, expert_parallel_size=1), {"path": "/m"}, on_gpu=True)
+    assert "data_parallel_size" not in plain and "enable_expert_parallel" not in plain
+    with pytest.raises(ValueError, match=r"rollout\.expert_parallel_size=2 must equal tensor_model_parallel_size"):
+        build_llm_kwargs(_cfg(tensor_model_parallel_size=2, data_parallel_size=2, expert_parallel_size=2),
+                         {"path": "/m"}, on_gpu=True)
+    with pytest.raises(ValueError, match=r"rollout\.pipeline_model_parallel_size=2"):
+        build_llm_kwargs(_cfg(pipeline_model_parallel_size=2), {"path": "/m"}, on_gpu=True)
+    for key in ("data_parallel_size", "expert_parallel_size"):
+        with pytest.raises(ValueError, match=rf"rollout\.{key}=2 needs GPUs"):
+            build_llm_kwargs(_cfg(**{key: 2}), {"path": "/m"}, on_gpu=False)
+
+
+def test_sleep_mode_keys():
+    kw = build_llm_kwargs(_cfg(free_cache_engine=False, enable_sleep_mode=False), {"path": "/m"}, on_gpu=True)
+    assert kw["enable_sleep_mode"] is False
+    with pytest.raises(ValueError, match="free_cache_engine=True needs enable_sleep_mode=True"):
+        build_llm_kwargs(_cfg(free_cache_engine=True, enable_sleep_mode=False), {"path": "/m"}, on_gpu=True)
+    server = build_llm_kwargs(_cfg(), {"path": "/m"}, on_gpu=True, standalone=True)
+    assert "distributed_executor_backend" not in server  # a server process is not a shard of a trainer rank

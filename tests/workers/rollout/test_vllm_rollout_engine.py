@@ -15,7 +15,7 @@ SEQ = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
 
 @pytest.fixture(scope="module", params=["dense", "moe"])
 def engine(request, tmp_path_factory):
-    from verl.workers.rollout.vllm_rollout.testing import build_engine_checkpoint, model_config, rollout_config
+    from tests.vllm_testing import build_engine_checkpoint, model_config, rollout_config
     from verl.workers.rollout.vllm_rollout.vllm_rollout import vLLMRollout
 
     path = tmp_path_factory.mktemp(request.param)
@@ -48,7 +48,7 @@ def test_generate_returns_ids_logprobs_and_stop(engine):
 
 
 def test_sync_after_optimizer_step_reaches_engine(engine):
-    from verl.workers.rollout.vllm_rollout.testing import sgd_step, trainer_logprobs
+    from tests.vllm_testing import sgd_step, trainer_logprobs
     from verl.workers.weight_sync import iter_hf_weights
 
     kind, rollout, hf = engine

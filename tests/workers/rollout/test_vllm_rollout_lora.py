@@ -16,7 +16,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "
 def lora_engine(tmp_path_factory):
     from peft import LoraConfig, get_peft_model
 
-    from verl.workers.rollout.vllm_rollout.testing import build_engine_checkpoint, model_config, rollout_config
+    from tests.vllm_testing import build_engine_checkpoint, model_config, rollout_config
     from verl.workers.rollout.vllm_rollout.vllm_rollout import vLLMRollout
 
     path = tmp_path_factory.mktemp("lora")
@@ -42,7 +42,7 @@ def _sync_adapter(rollout, peft_model):
 
 
 def test_lora_sync_changes_engine_like_trainer(lora_engine):
-    from verl.workers.rollout.vllm_rollout.testing import sgd_step, trainer_logprobs
+    from tests.vllm_testing import sgd_step, trainer_logprobs
     from verl.workers.weight_sync import iter_hf_weights
 
     rollout, peft_model = lora_engine
@@ -79,7 +79,7 @@ def test_lora_generation_uses_the_adapter(lora_engine):
 
 def test_vl_checkpoint_text_engine_sync(tmp_path):
     from verl.workers.rollout.base import GenerationRequest, SamplingParams
-    from verl.workers.rollout.vllm_rollout.testing import build_engine_checkpoint, model_config, rollout_config
+    from tests.vllm_testing import build_engine_checkpoint, model_config, rollout_config
     from verl.workers.rollout.vllm_rollout.vllm_rollout import vLLMRollout
     from verl.workers.weight_sync import iter_hf_weights
 

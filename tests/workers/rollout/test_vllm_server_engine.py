@@ -11,7 +11,7 @@ SEQ = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
 def test_server_generate_and_full_sync(tmp_path):
     from verl.workers.rollout.base import GenerationRequest, SamplingParams
     from verl.workers.rollout.vllm_rollout.server import vLLMServerClient
-    from verl.workers.rollout.vllm_rollout.testing import (
+    from tests.vllm_testing import (
         build_engine_checkpoint,
         model_config,
         rollout_config,

@@ -170,6 +170,20 @@ def apply_npu_patches(model_types: Iterable[str] = ("qwen3_5", "qwen3_5_moe"), f
     return patched
 
 
+def apply_npu_patches_for_model(hf_config) -> list[str]:
+    """The one production call site (model load): patch the config's Qwen3.5 family when this process runs on
+    an Ascend NPU (``verl.utils.device``: torch_npu importable *and* a device visible); never otherwise."""
+    from verl.models.registry import get_model_spec
+    from verl.utils.device import get_device_name
+
+    if get_device_name() != "npu":
+        return []
+    family = get_model_spec(hf_config).family
+    if family not in ("qwen3_5", "qwen3_5_moe"):
+        return []  # no fused NPU forwards for other architectures: their stock forward runs
+    return apply_npu_patches((family,))
+
+
 def revert_npu_patches() -> None:
     """Restore every forward replaced by :func:`apply_npu_patches`."""
     for (owner, attr), original in list(_ORIGINALS.items()):

@@ -176,12 +176,15 @@ class RuntimeExpertWriter:
         self.experts_path = experts_path
         self._pending: dict[str, dict[str, torch.Tensor]] = {}
         self.layers: list = []
+        self.param_names: list[str] = []  # engine parameters written (they bypass the loader's report)
+        self._deferred: list = []
 
     def _engine_module(self, hf_prefix: str):
         # HF "...mlp.experts" -> engine "...mlp.<experts_path>"; VL checkpoints nest the text model.
         name = hf_prefix[: -len("experts")] + self.experts_path
         if name.startswith("model.language_model."):
             name = "language_model.model." + name[len("model.language_model.") :]
+        self.param_names += [f"{name}.w13_weight", f"{name}.w2_weight"]
         return self.model.get_submodule(name)
 
     def offer(self, name: str, tensor: torch.Tensor) -> bool:
@@ -192,19 +195,29 @@ class RuntimeExpertWriter:
                 parts[leaf] = tensor
                 if len(parts) == 2:
                     layer = self._engine_module(prefix)
-                    expert_map = getattr(layer, "expert_map", None)
-                    ids = None
-                    if expert_map is not None:  # expert parallel: global ids this rank owns, in local order
-                        ids = [int(g) for g in torch.argsort(expert_map)[(expert_map < 0).sum() :]]
-                    write_runtime_experts(
-                        layer, parts["gate_up_proj"], parts["down_proj"], self.hidden_size,
-                        self.tp_rank, self.tp_size, ids,
-                    )
-                    self.layers.append(layer)
+                    if layer.w13_weight.is_meta:
+                        # Inside a layerwise reload the layer sits on the meta device until the reload puts its
+                        # kernel tensors back: write it then (finish()), or the write would be lost.
+                        self._deferred.append((layer, parts))
+                    else:
+                        self._write(layer, parts)
                     del self._pending[prefix]
                 return True
         return False
 
+    def _write(self, layer, parts: dict) -> None:
+        expert_map = getattr(layer, "expert_map", None)
+        ids = None
+        if expert_map is not None:  # expert parallel: global ids this rank owns, in local order
+            ids = [int(g) for g in torch.argsort(expert_map)[(expert_map < 0).sum() :]]
+        write_runtime_experts(
+            layer, parts["gate_up_proj"], parts["down_proj"], self.hidden_size, self.tp_rank, self.tp_size, ids
+        )
+        self.layers.append(layer)
+
     def finish(self) -> None:
         if self._pending:
             raise RuntimeError(f"expert tensors arrived incomplete for: {sorted(self._pending)}")
+        deferred, self._deferred = self._deferred, []
+        for layer, parts in deferred:
+            self._write(layer, parts)

@@ -8,7 +8,7 @@ The worker calls, after each actor update::
 and the engine checks the result with :func:`check_coverage`.
 """
 
-from .coverage import WeightCoverageError, check_coverage
+from .coverage import WeightCoverageError, check_coverage, check_loader_coverage
 from .gather import full_tensor, iter_hf_weight_buckets, iter_hf_weights
 from .lora import check_engine_lora_targets, check_lora_config, engine_lora_module, write_lora_adapter
 from .names import (
@@ -25,6 +25,7 @@ __all__ = [
     "Qwen35Layout",
     "WeightCoverageError",
     "check_coverage",
+    "check_loader_coverage",
     "check_engine_lora_targets",
     "check_lora_config",
     "engine_lora_module",

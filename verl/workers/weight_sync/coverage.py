@@ -80,3 +80,25 @@ def check_coverage(
                 incomplete[target] = lacking
     if missing or duplicated or unknown or incomplete:
         raise WeightCoverageError(missing, duplicated, unknown, incomplete)
+
+
+def check_loader_coverage(
+    engine_param_names: Iterable[str],
+    loaded_names: Optional[Iterable[str]],
+    sent_names: Iterable[str],
+) -> None:
+    """Coverage from the engine's own word: every engine parameter must be among the names its loader reported
+    loaded (vLLM's ``load_weights`` returns them), and no HF tensor may be sent twice.
+
+    Works for any architecture the engine can load; names the engine cannot place make its loader raise. The
+    shard-level check of :func:`check_coverage` (q, k and v all written into ``qkv_proj``) needs a layout and
+    runs in addition for the architectures that have one (Qwen3.5).
+    """
+    if loaded_names is None:
+        raise WeightCoverageError(["<the engine's weight loader reported no loaded names>"], (), (), {})
+    engine = set(engine_param_names)
+    missing = engine - set(loaded_names)
+    sent = Counter(sent_names)
+    duplicated = {n for n, c in sent.items() if c > 1}
+    if missing or duplicated:
+        raise WeightCoverageError(missing, duplicated, (), {})

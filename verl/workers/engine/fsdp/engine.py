@@ -18,6 +18,7 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.utils import torch_functional as verl_F
 from verl.utils.device import get_device_name
+from verl.utils.model_output import get_logits
 from verl.workers.engine.base import BaseEngine, LossFn, accumulate_metrics
 
 from .micro_batches import split_micro_batches
@@ -299,7 +300,7 @@ class FSDPEngine(BaseEngine):
             if want_entropy:
                 stats["entropy"] = out.entropy
             return stats
-        logits = out.logits.float() / temperature
+        logits = get_logits(out).float() / temperature  # tuple outputs (logits, ...) too
         stats = {"log_probs": verl_F.logprobs_from_logits(logits, labels)}
         if want_entropy:
             stats["entropy"] = self._entropy_fn(logits)

@@ -47,6 +47,65 @@ def bucket_megabytes(config: Any, default: int = 2048) -> int:
     return int(value)
 
 
+# rollout.checkpoint_engine.backend -> the device the weight collective runs on (upstream's names; gloo is
+# ours, for the CPU build). "naive" keeps the engine in the trainer's process.
+SERVER_BACKENDS = {"nccl": "cuda", "hccl": "npu", "gloo": "cpu"}
+_BACKEND_KEY = "actor_rollout_ref.rollout.checkpoint_engine.backend"
+
+
+def server_backend(config: Any, device_name: str) -> Optional[str]:
+    """The collective a separate rollout server receives weights over, or None for the colocated engine.
+
+    ``rollout.checkpoint_engine.backend``: ``naive`` (default) runs the engine inside each trainer process;
+    ``nccl`` (CUDA), ``hccl`` (Ascend) and ``gloo`` (CPU hosts) start the engine as a server process that the
+    trainer updates over that collective. A backend that does not match the device is refused.
+    """
+    backend = str(_get(_get(config, "checkpoint_engine"), "backend", "naive"))
+    if backend == "naive":
+        return None
+    if backend not in SERVER_BACKENDS:
+        raise ValueError(f"{_BACKEND_KEY}={backend!r} is not supported by the vLLM rollout; use naive (engine in "
+                         f"the trainer process) or one of {sorted(SERVER_BACKENDS)} (rollout server)")
+    wanted = SERVER_BACKENDS[backend]
+    if wanted != device_name:
+        right = {v: k for k, v in SERVER_BACKENDS.items()}[device_name]
+        raise ValueError(f"{_BACKEND_KEY}={backend} needs a {wanted} device but this host runs on {device_name}; "
+                         f"use {right} (or naive)")
+    return backend
+
+
+def check_parallel_sizes(config: Any, on_gpu: bool) -> dict:
+    """vLLM engine arguments for the rollout's data / expert / pipeline parallel keys (upstream's meaning).
+
+    ``data_parallel_size``: engine-internal data parallel replicas (vLLM ``data_parallel_size``);
+    ``expert_parallel_size`` > 1: vLLM's expert parallel MoE, which must span ``tensor * data`` parallel ranks
+    exactly as upstream requires; ``pipeline_model_parallel_size`` > 1 is refused (upstream refuses it for
+    vLLM too). The CPU build runs one process, so any size > 1 is refused there.
+    """
+    tp = int(_get(config, "tensor_model_parallel_size", 1))
+    dp = int(_get(config, "data_parallel_size", 1))
+    ep = int(_get(config, "expert_parallel_size", 1))
+    pp = int(_get(config, "pipeline_model_parallel_size", 1))
+    r = "actor_rollout_ref.rollout"
+    if pp != 1:
+        raise ValueError(f"{r}.pipeline_model_parallel_size={pp}: pipeline parallel vLLM rollout is not "
+                         "implemented (as upstream); set it to 1")
+    if not on_gpu:
+        for key, v in (("tensor_model_parallel_size", tp), ("data_parallel_size", dp), ("expert_parallel_size", ep)):
+            if v != 1:
+                raise ValueError(f"{r}.{key}={v} needs GPUs/NPUs; the CPU vLLM engine runs in one process (set 1)")
+        return {}
+    if ep > 1 and ep != tp * dp:
+        raise ValueError(f"{r}.expert_parallel_size={ep} must equal tensor_model_parallel_size * data_parallel_size "
+                         f"= {tp} * {dp} (vLLM's expert parallel MoE spans all of them), or be 1")
+    out: dict[str, Any] = {}
+    if dp > 1:
+        out["data_parallel_size"] = dp
+    if ep > 1:
+        out["enable_expert_parallel"] = True
+    return out
+
+
 def build_llm_kwargs(
     config: Any,
     model_config: Any,
@@ -54,11 +113,13 @@ def build_llm_kwargs(
     on_gpu: bool,
     is_vl: bool = False,
     seed: Optional[int] = None,
+    standalone: bool = False,
 ) -> dict:
     """Keyword arguments for ``vllm.LLM`` from the rollout and model configs.
 
-    ``on_gpu``: a GPU/NPU engine colocated with the trainer (external launcher executor, sleep mode when
-    ``free_cache_engine``); otherwise the CPU build (single process, no sleep mode).
+    ``on_gpu``: a GPU/NPU engine (sleep mode when ``free_cache_engine`` and ``enable_sleep_mode``); colocated
+    with the trainer it runs one shard per trainer rank through vLLM's external launcher, ``standalone`` (a
+    rollout server process) lets vLLM pick its executor. Otherwise the CPU build (single process, no sleep).
     """
     prompt_len = int(_get(config, "prompt_length", 512))
     response_len = int(_get(config, "response_length", 512))
@@ -89,13 +150,17 @@ def build_llm_kwargs(
     mbt = _get(config, "max_num_batched_tokens")
     if mbt:
         kw["max_num_batched_tokens"] = int(mbt)
+    kw.update(check_parallel_sizes(config, on_gpu))
     if on_gpu:
         kw["gpu_memory_utilization"] = float(_get(config, "gpu_memory_utilization", 0.5))
-        kw["enable_sleep_mode"] = bool(_get(config, "free_cache_engine", True))
-        # One engine shard per trainer rank, created by torchrun/Ray workers themselves (colocated).
-        kw["distributed_executor_backend"] = "external_launcher"
-    elif tp != 1:
-        raise ValueError("tensor_model_parallel_size > 1 needs GPUs/NPUs; the CPU engine runs single-process")
+        # Upstream's RolloutConfig.enable_sleep_mode (default on); free_cache_engine decides whether to sleep.
+        kw["enable_sleep_mode"] = bool(_get(config, "enable_sleep_mode", True))
+        if bool(_get(config, "free_cache_engine", True)) and not kw["enable_sleep_mode"]:
+            raise ValueError("actor_rollout_ref.rollout.free_cache_engine=True needs enable_sleep_mode=True "
+                             "(vLLM can only release memory with sleep mode on); set free_cache_engine=False")
+        if not standalone:
+            # One engine shard per trainer rank, created by torchrun/Ray workers themselves (colocated).
+            kw["distributed_executor_backend"] = "external_launcher"
     if is_vl:
         kw["language_model_only"] = True  # text rollouts: the vision tower is neither built nor synced
     lora_rank = int(_get(model_config, "lora_rank", 0) or 0)

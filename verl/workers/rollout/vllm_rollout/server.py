@@ -1,11 +1,16 @@
 """Server mode: the vLLM engine in its own process, updated by the trainer over a collective.
 
-Control messages (small, picklable) travel over a ``multiprocessing`` pipe; tensors travel over a standalone
-two-rank process group (:class:`verl.utils.vllm.broadcast.PairCommunicator`: gloo on CPU, NCCL / HCCL on
-accelerators), the trainer being rank 0. Full-weight and LoRA updates are separate commands on both sides:
+Selected with ``actor_rollout_ref.rollout.checkpoint_engine.backend`` = ``nccl`` (CUDA), ``hccl`` (Ascend) or
+``gloo`` (CPU hosts); ``naive`` (the default) keeps the engine inside the trainer process.
 
-* ``update_weights``: bucketed full reload through the engine's checkpoint loader, coverage-checked; on
-  vLLM-Ascend the reload goes through the checkpoint layout, so post-load processing runs again.
+Control messages (small, picklable) travel over a ``multiprocessing`` pipe; tensors travel over a standalone
+two-rank process group (:class:`verl.utils.vllm.broadcast.PairCommunicator`) on the trainer's device, the
+trainer being rank 0; the server allocates every receive buffer on that same device. Full-weight and LoRA
+updates are separate commands on both sides:
+
+* ``update_weights``: bucketed full reload through the engine's checkpoint loader, coverage-checked; the
+  engine is built ``standalone``, so on vLLM-Ascend the reload goes through the checkpoint layout and MoE
+  post-load processing runs again after it (:meth:`vLLMRollout.update_weights`).
 * ``update_lora``: adapter tensors only; written as an adapter directory, never post-processed.
 
 :class:`vLLMServerClient` implements :class:`~verl.workers.rollout.base.BaseRollout`, so the trainer
@@ -53,9 +58,17 @@ def _server_main(conn, engine_cls: str, config: dict, model_config: dict, comm_i
     from omegaconf import OmegaConf
 
     try:
-        engine = _load(engine_cls)(OmegaConf.create(config), OmegaConf.create(model_config), tokenizer=None)
+        device = comm_info.get("device")
+        if device is not None:
+            # The engine and the receive buffers live on the trainer's device (colocated server).
+            dev = torch.device(device)
+            if dev.type == "npu":
+                import torch_npu  # noqa: F401  (registers torch.npu in this fresh process)
+            getattr(torch, dev.type).set_device(dev)
+        engine = _load(engine_cls)(OmegaConf.create(config), OmegaConf.create(model_config), tokenizer=None,
+                                   standalone=True)
         store = torch.distributed.FileStore(comm_info["store_path"], 2)
-        comm = PairCommunicator(comm_info["backend"], store, rank=1, world_size=2, device=comm_info.get("device"))
+        comm = PairCommunicator(comm_info["backend"], store, rank=1, world_size=2, device=device)
         conn.send(("ready", None))
     except Exception:  # report start-up failures instead of leaving the client waiting
         conn.send(("error", traceback.format_exc()))
@@ -97,12 +110,12 @@ def _handle(engine, comm, conn, cmd: str, payload: Any):
         return None
     if cmd in ("sleep", "wake_up"):
         getattr(engine, cmd)(tuple(payload))
-        return None
+        return bool(getattr(engine, "weights_lost_in_sleep", False))
     raise ValueError(f"unknown server command {cmd!r}")
 
 
 class vLLMServerClient(BaseRollout):
-    """Trainer-side handle of a rollout server process (``rollout.mode=server``)."""
+    """Trainer-side handle of a rollout server process (``rollout.checkpoint_engine.backend=nccl|hccl|gloo``)."""
 
     def __init__(
         self,
@@ -118,10 +131,14 @@ class vLLMServerClient(BaseRollout):
     ):
         from omegaconf import OmegaConf
 
+        from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device
+
         self.config = config
         self.bucket_megabytes = _bucket_mb(config)
-        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
+        self.backend = backend or get_nccl_backend()  # nccl on CUDA, hccl on Ascend, gloo on CPU
+        name = get_device_name()
+        # Tensors cross on the device the collective runs on: the trainer's current accelerator, CPU for gloo.
+        self.device = torch.device(name, get_torch_device().current_device()) if self.backend != "gloo" else None
         self._tmp = tempfile.mkdtemp(prefix="verl_vllm_server_")
         store_path = os.path.join(self._tmp, "store")
         ctx = mp.get_context("spawn")
@@ -131,7 +148,8 @@ class vLLMServerClient(BaseRollout):
         for key in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ASCEND_ENABLE_NZ"):
             if key in os.environ:
                 env[key] = os.environ[key]
-        info = {"store_path": store_path, "backend": self.backend, "device": None}
+        info = {"store_path": store_path, "backend": self.backend,
+                "device": str(self.device) if self.device is not None else None}
         self._proc = ctx.Process(
             target=_server_main,
             args=(child, engine_cls, to_plain(config), to_plain(model_config), info, env),
@@ -194,17 +212,20 @@ class vLLMServerClient(BaseRollout):
         finally:
             self._conn.send(("end", None))  # the server's loader stops; coverage is checked there
         self._reply()
+        self.weights_lost_in_sleep = False
 
     def _flush(self, bucket) -> None:
         self._conn.send(("bucket", [(n, tuple(t.shape), str(t.dtype)) for n, t in bucket]))
         for _, t in bucket:
             self._send(t)
 
+    weights_lost_in_sleep = False  # the server engine's answer after the last sleep / wake-up
+
     def sleep(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
-        self._call("sleep", list(tags))
+        self.weights_lost_in_sleep = self._call("sleep", list(tags))
 
     def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
-        self._call("wake_up", list(tags))
+        self.weights_lost_in_sleep = self._call("wake_up", list(tags))
 
     def shutdown(self) -> None:
         if getattr(self, "_proc", None) is None:

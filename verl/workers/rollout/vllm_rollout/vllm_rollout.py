@@ -5,10 +5,17 @@ launcher (tensor parallel across the ranks of a rollout group), with sleep mode 
 training; on the CPU build a single in-process engine without sleep mode.
 
 Weight sync is the layerwise in-place reload (``worker.reload_weights(weights_iterator=...,
-is_checkpoint_format=True)``): the engine's own checkpoint loader fuses and shards the HF tensors, so the
-trainer streams full HF-named tensors bucket by bucket and the engine never holds a second copy. Every sync
-is followed by :func:`verl.workers.weight_sync.check_coverage`. LoRA adapters go through a directory in
-PEFT's saved format and a ``LoRARequest`` (vLLM has no tensor-based LoRA request).
+is_checkpoint_format=True)``): the engine's own HF-name loader (the model's ``load_weights``, or a loader
+registered in :mod:`verl.models.weight_loader_registry`) fuses and shards the HF tensors, so any causal LM
+vLLM supports syncs, the trainer streams full HF-named tensors bucket by bucket and the engine never holds a
+second copy. Coverage is what that loader reports loaded (:func:`~verl.workers.weight_sync.check_loader_coverage`),
+plus the shard-level rules of the Qwen3.5 / vLLM-Ascend layouts. Layers that share a parameter (tied LM
+heads) are re-processed after each reload (:mod:`verl.utils.vllm.reload`). LoRA adapters go through a
+directory in PEFT's saved format and a ``LoRARequest`` (vLLM has no tensor-based LoRA request).
+
+Sleep mode (``free_cache_engine`` with ``enable_sleep_mode``, CUDA only in vLLM; vLLM-Ascend on NPU): the
+worker calls :meth:`vLLMRollout.sleep` before the actor update and wakes weights, syncs, then wakes the KV
+cache before generating (:class:`verl.workers.weight_sync.cycle.RolloutCycle`).
 """
 
 from __future__ import annotations
@@ -21,8 +28,15 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from verl.utils.device import get_device_name, is_vllm_ascend_available
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, GenerationRequest, SamplingParams
-from verl.workers.weight_sync import Qwen35Layout, check_coverage, to_engine_loader_format, write_lora_adapter
+from verl.workers.weight_sync import (
+    Qwen35Layout,
+    check_coverage,
+    check_loader_coverage,
+    to_engine_loader_format,
+    write_lora_adapter,
+)
 
 from .engine_args import bucket_megabytes, build_llm_kwargs, to_generation_outputs, vllm_sampling_kwargs
 
@@ -44,27 +58,48 @@ def import_vllm():
 
 
 def _accelerator() -> Optional[str]:
-    if torch.cuda.is_available():
-        return "cuda"
-    try:
-        import torch_npu  # noqa: F401
+    name = get_device_name()
+    return None if name == "cpu" else name
 
-        if torch.npu.is_available():
-            return "npu"
-    except ImportError:
-        pass
-    return None
+
+def _is_qwen3_5(hf_config) -> bool:
+    from verl.models.registry import get_model_spec
+
+    return get_model_spec(hf_config).family.startswith("qwen3_5")
+
+
+def sync_layout(hf_config, engine_names, *, ascend: bool) -> Optional[Qwen35Layout]:
+    """The name rules a full sync applies before the engine's loader: Qwen3.5's layout (vision tower, MTP head,
+    tied head, shard-level coverage; per-expert checkpoint names on vLLM-Ascend, whose MoE loader needs them),
+    or None for any other architecture (its tensors go to vLLM's loader untouched)."""
+    if not _is_qwen3_5(hf_config):
+        return None
+    fmt = "per_expert" if ascend else "fused"
+    return Qwen35Layout.from_hf_config(hf_config, language_model_only=True, expert_format=fmt).matching_engine(
+        engine_names
+    )
+
+
+def uses_runtime_expert_writer(layout: Optional[Qwen35Layout], *, ascend: bool, standalone: bool) -> bool:
+    """vLLM-Ascend MoE, colocated: fused experts are written straight into the post-processed runtime layout.
+    A server (``standalone``) reloads them through the checkpoint loader and post-processes instead."""
+    return ascend and layout is not None and layout.moe and not standalone
 
 
 class vLLMRollout(BaseRollout):
     """``BaseRollout`` on ``vllm.LLM``; see the module docstring."""
 
-    def __init__(self, config, model_config, tokenizer, module=None, processor=None):
+    def __init__(self, config, model_config, tokenizer, module=None, processor=None, *, standalone: bool = False):
+        """``standalone``: this engine is a rollout server's (server mode), not a shard inside a trainer rank."""
         self.config = config
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.processor = processor
         self.device = _accelerator()
+        self.ascend = self.device == "npu" and is_vllm_ascend_available()
+        # Server mode: every full sync is a reload through the checkpoint loader (never the colocated
+        # runtime-layout writes), so vLLM-Ascend MoE layers are post-processed after it.
+        self.full_reload = standalone
         self.bucket_megabytes = bucket_megabytes(config)
         self.layered_summon = bool(config.get("layered_summon", False)) if hasattr(config, "get") else False
         # The engine must run in this process: weights stream through a Python iterator.
@@ -79,13 +114,19 @@ class vLLMRollout(BaseRollout):
         self.hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
         is_vl = hasattr(self.hf_config, "vision_config")
         self.lora_rank = int(model_config.get("lora_rank", 0) or 0)
-        kwargs = build_llm_kwargs(config, model_config, on_gpu=self.device is not None, is_vl=is_vl)
+        kwargs = build_llm_kwargs(config, model_config, on_gpu=self.device is not None, is_vl=is_vl,
+                                  standalone=standalone)
+        self.free_cache_engine = bool(config.get("free_cache_engine", True)) if hasattr(config, "get") else True
         self.llm = self._create_engine(kwargs)
         self._sleep_supported = self._sleep_mode_available() and kwargs.get("enable_sleep_mode", False)
+        if self.free_cache_engine and not self._sleep_supported:
+            logger.warning("rollout.free_cache_engine=True but vLLM sleep mode is unavailable here (%s): the engine "
+                           "keeps its weights and KV cache through training", self.device or "CPU build")
         self._engine_names = self._engine_param_names()
-        self.layout = Qwen35Layout.from_hf_config(self.hf_config, language_model_only=True).matching_engine(
-            self._engine_names
-        )
+        from verl.models.weight_loader_registry import get_weight_loader
+
+        self.custom_loader = get_weight_loader(getattr(self.hf_config, "architectures", None))
+        self.layout = sync_layout(self.hf_config, self._engine_names, ascend=self.ascend)
         self._lora_request = None
         self._lora_dir = tempfile.mkdtemp(prefix="verl_vllm_lora_")
         self._lora_version = 0
@@ -96,7 +137,7 @@ class vLLMRollout(BaseRollout):
         vllm = import_vllm()
         from verl.utils.vllm.rope_patch import rope_ignore_keys_as_set
 
-        if self.device == "npu":
+        if self.ascend:
             from verl.utils.vllm.ascend_moe import require_nz_disabled
             from verl.utils.vllm.npu_vllm_patch import apply_npu_vllm_patches
 
@@ -163,22 +204,55 @@ class vLLMRollout(BaseRollout):
         if lora:
             self._load_lora(weights, lora)
             return
-        written: list[str] = []
-        writer = self._ascend_expert_writer() if self.device == "npu" and self.layout.moe else None
+        from verl.utils.vllm.reload import LoadedNames, refresh_aliased_layers, repack_cpu_moe_experts
 
-        def tap():
-            for name, tensor in to_engine_loader_format(weights, self.layout):
-                written.append(name)
+        sent: list[str] = []  # HF names handed on (to the loader or the runtime-layout writer)
+        layout = self.layout
+        writer = None
+        if uses_runtime_expert_writer(layout, ascend=self.ascend, standalone=self.full_reload):
+            writer = self._ascend_expert_writer()
+
+        def stream():
+            for name, tensor in weights:
                 if writer is not None and writer.offer(name, tensor):
-                    continue  # written straight into the runtime layout, kept away from the loader
-                yield name, tensor
+                    sent.append(name)  # written straight into the runtime layout, kept away from the loader
+                    continue
+                pairs = [(name, tensor)] if layout is None else to_engine_loader_format([(name, tensor)], layout)
+                for n, t in pairs:
+                    sent.append(n)
+                    yield n, t
 
-        self.worker.reload_weights(weights_iterator=tap(), is_checkpoint_format=True)
+        model = self.engine_model
+        with LoadedNames(model, loader=self.custom_loader) as loaded:
+            self.worker.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
         if writer is not None:
             self._finish_ascend_experts(writer)
-        check_coverage(self._engine_names, written, self.layout)
+        elif self.ascend and layout is not None and layout.moe:
+            self._post_process_reloaded_experts()
+        refresh_aliased_layers(model)  # tied LM head: re-derive what its processing cached from the old weights
+        if self.device is None:
+            repack_cpu_moe_experts(model)  # the CPU build's MoE kernel needs its packed expert layout back
+        reported = (loaded.names | set(writer.param_names if writer is not None else ())) if loaded.reported else None
+        check_loader_coverage(self._engine_names, reported, sent)
+        if layout is not None and self.custom_loader is None:
+            check_coverage(self._engine_names, sent, layout)
+        self._weights_discarded = False
         # Cached prefixes hold KV computed with the old weights.
         self.llm.reset_prefix_cache()
+
+    def _moe_layers(self) -> list:
+        return [m for m in self.engine_model.modules() if hasattr(m, "w13_weight") and hasattr(m, "quant_method")]
+
+    def _post_process_reloaded_experts(self) -> None:
+        """Full reload on vLLM-Ascend (server mode): expert layers that the loader left in checkpoint layout are
+        post-processed into the runtime layout again; layers vLLM's layerwise reload already processed are not
+        touched (a second pass would transpose them back)."""
+        from verl.utils.vllm.ascend_moe import CHECKPOINT, PostLoadGuard, layout_of
+
+        text = getattr(self.hf_config, "text_config", self.hf_config)
+        hidden = int(text.hidden_size)
+        pending = [m for m in self._moe_layers() if layout_of(m, hidden) == CHECKPOINT]
+        PostLoadGuard("reload").after_load(pending, lambda layer: layer.quant_method.process_weights_after_loading(layer))
 
     def _ascend_expert_writer(self):
         """vLLM-Ascend colocated path: fused HF experts go straight into the post-processed runtime layout."""
@@ -222,26 +296,40 @@ class vLLMRollout(BaseRollout):
         self.llm.llm_engine.add_lora(self._lora_request)
 
     # ------------------------------------------------------------------ memory
+    @property
+    def sleeps(self) -> bool:
+        """Whether :meth:`sleep` releases memory (``free_cache_engine`` and a platform with sleep mode)."""
+        return self.free_cache_engine and self._sleep_supported
+
+    @property
+    def weights_lost_in_sleep(self) -> bool:
+        """A level-2 sleep discarded the weights and no full sync has refilled them yet."""
+        return self._weights_discarded
+
+    _weights_discarded = False
+
     def sleep(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
-        if not self._sleep_supported:
-            logger.info("vLLM sleep mode unavailable on this platform (or free_cache_engine=False): sleep is a no-op")
+        if not self.sleeps or self.is_sleeping:
             return
         # Level 1 keeps a CPU copy of the weights (needed when only a LoRA adapter is re-synced);
         # level 2 drops them, as a full sync follows the next wake-up.
         level = 1 if self.lora_rank > 0 or "weights" not in tags else 2
         self.llm.sleep(level=level)
+        self._weights_discarded = level == 2
         self.is_sleeping = True
+        self._awake: set[str] = set()
 
     def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
-        if not self._sleep_supported:
-            logger.info("vLLM sleep mode unavailable on this platform: wake_up is a no-op")
+        if not self.sleeps or not self.is_sleeping:
             return
-        if self.device == "npu":
+        if self.ascend:
+            # Re-checked at every wake: an NZ-format engine cannot be refilled (see ascend_moe).
             from verl.utils.vllm.ascend_moe import require_nz_disabled
 
             require_nz_disabled()
         self.llm.wake_up(tags=list(tags))
-        if set(tags) >= {"weights", "kv_cache"}:
+        self._awake.update(tags)
+        if self._awake >= {"weights", "kv_cache"}:
             self.is_sleeping = False
 
     def shutdown(self) -> None:

@@ -1,4 +1,5 @@
-"""Helpers shared by the vLLM rollout tests (tiny checkpoints vLLM's CPU kernels accept, trainer scoring)."""
+"""Test helpers for the vLLM rollout tests (tiny checkpoints vLLM's CPU kernels accept, trainer scoring, and a
+recording stand-in engine for server-mode protocol tests). Test code only: nothing in ``verl/`` imports it."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import torch
 CPU_ENGINE_SHAPES = dict(hidden_size=128, head_dim=32, linear_key_head_dim=128, linear_value_head_dim=128)
 
 
-def build_engine_checkpoint(path: str | Path, kind: str = "dense", seed: int = 0):
-    """Save a tiny Qwen3.5 (bf16, tokenizer alongside) and return the fp32 HF model of the same weights."""
+def build_engine_checkpoint(path: str | Path, kind: str = "dense", seed: int = 0, **overrides):
+    """Save a tiny Qwen3.5 (bf16, tokenizer alongside) and return the fp32 HF model of the same weights.
+    ``overrides`` go to the text config (e.g. ``tie_word_embeddings=False``)."""
     from verl.models.tiny import build_tiny_qwen3_5
 
-    model = build_tiny_qwen3_5(path, kind=kind, seed=seed, dtype=torch.bfloat16, **CPU_ENGINE_SHAPES)
+    model = build_tiny_qwen3_5(path, kind=kind, seed=seed, dtype=torch.bfloat16, **{**CPU_ENGINE_SHAPES, **overrides})
     if kind.startswith("vl"):
         # The tiny builder's mRoPE sections sum to 2 (sized for head_dim 16), but vLLM's CPU attention has no
         # head_dim-16 kernel and its mRoPE asserts sum == rotary_dim / 2 = 4 at head_dim 32. Text-only
@@ -75,49 +77,72 @@ def sgd_step(model, seq: list[int], lr: float, params: Optional[list] = None) ->
 
 
 class RecordingEngine:
-    """Stand-in engine for server-mode protocol tests without vLLM (importable by a spawned server).
+    """STAND-IN for :class:`verl.workers.rollout.vllm_rollout.vllm_rollout.vLLMRollout` inside a rollout server
+    process, for protocol tests without vLLM (importable by the spawned server as
+    ``tests.vllm_testing.RecordingEngine``). It records what arrives; it decides nothing.
 
-    ``generate`` reports counters as token ids: [full updates, LoRA updates, post-load runs, tensors received];
-    ``score`` returns the sums of the last update's tensors in arrival order.
+    ``generate`` reports counters as token ids: [full updates, LoRA updates, tensors received, standalone,
+    sleeps, wakes]; ``score`` returns the sums of the last update's tensors in arrival order, and the
+    device type of each received tensor is kept in ``devices``.
     """
 
-    def __init__(self, config, model_config, tokenizer=None, module=None, processor=None):
-        from verl.utils.vllm.ascend_moe import PostLoadGuard
-
-        self.full = self.lora = self.post = self.received = 0
+    def __init__(self, config, model_config, tokenizer=None, module=None, processor=None, standalone=False):
+        self.full = self.lora = self.received = self.sleeps = self.wakes = 0
+        self.standalone = standalone
         self.sums: list[float] = []
         self.names: list[str] = []
-        self._guard = PostLoadGuard("reload")  # server-mode full reload: post-process again
-        self._layers = [type("L", (), {})()]
+        self.devices: set[str] = set()
 
     def update_weights(self, weights, **kwargs):
         pairs = list(weights)
         self.received += len(pairs)
         self.sums = [float(t.float().sum()) for _, t in pairs]
         self.names = [n for n, _ in pairs]
+        self.devices |= {t.device.type for _, t in pairs}
         if kwargs.get("lora"):
-            self.lora += 1  # adapters never trigger post-load processing
+            self.lora += 1
             return
         if any(n == "fail.me" for n in self.names):
             raise RuntimeError("coverage check failed: fail.me")
         self.full += 1
 
-        def post(_layer):
-            self.post += 1
-
-        self._guard.after_load(self._layers, post)
-
     def generate(self, requests, params):
         from verl.workers.rollout.base import GenerationOutput
 
-        counters = [self.full, self.lora, self.post, self.received]
+        counters = [self.full, self.lora, self.received, int(self.standalone), self.sleeps, self.wakes]
         return [[GenerationOutput(list(counters), None, "length")] for _ in requests]
 
     def score(self, sequences):
         return [list(self.sums) for _ in sequences]
 
     def sleep(self, tags=("weights", "kv_cache")):
-        pass
+        self.sleeps += 1
 
     def wake_up(self, tags=("weights", "kv_cache")):
-        pass
+        self.wakes += 1
+
+
+def save_like(hf, src: str | Path, dst: str | Path) -> Path:
+    """``hf``'s current weights as a bf16 checkpoint at ``dst`` with ``src``'s config.json (which may carry
+    engine-specific tweaks, see :func:`build_engine_checkpoint`)."""
+    import shutil
+
+    dst = Path(dst)
+    hf.save_pretrained(str(dst), state_dict={k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()})
+    shutil.copy(Path(src) / "config.json", dst / "config.json")
+    return dst
+
+
+def fresh_engine_scores(hf, src: str | Path, dst: str | Path, seq: list[int], **rollout_overrides) -> torch.Tensor:
+    """Log-probs of ``seq`` from a new engine started on ``hf``'s current weights (saved at ``dst``)."""
+    import gc
+
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import vLLMRollout
+
+    save_like(hf, src, dst)
+    engine = vLLMRollout(rollout_config(load_format="auto", **rollout_overrides), model_config(dst), tokenizer=None)
+    try:
+        return torch.tensor(engine.score([seq])[0])
+    finally:
+        engine.shutdown()
+        gc.collect()

@@ -1,0 +1,55 @@
+"""Where NPU patches get applied: at model load (``load_hf_model``), only when the device is an NPU.
+
+STAND-IN: the NPU is simulated by making ``verl.utils.device.get_device_name`` answer "npu" and recording
+``apply_npu_patches`` instead of running it (torch_npu's kernels cannot run here). The real-NPU version of
+these checks is tests/npu/test_npu_runtime.py (``-m npu``).
+"""
+
+import pytest
+import torch
+
+from verl.models.transformers import npu_patch
+
+
+@pytest.fixture
+def tiny_dense(tmp_path):
+    from verl.models.tiny import build_tiny_qwen3_5
+
+    build_tiny_qwen3_5(tmp_path, kind="dense", dtype=torch.float32)
+    return tmp_path
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    calls = []
+    monkeypatch.setattr(npu_patch, "apply_npu_patches", lambda families: calls.append(tuple(families)) or ["x"])
+    return calls
+
+
+def test_patches_applied_at_model_load_on_npu(tiny_dense, recorded, monkeypatch):
+    from verl.models.registry import load_hf_model
+    from verl.utils import device
+
+    monkeypatch.setattr(device, "get_device_name", lambda: "npu")
+    load_hf_model(str(tiny_dense), dtype=torch.float32)
+    assert recorded == [("qwen3_5",)]
+
+
+@pytest.mark.parametrize("device_name", ["cpu", "cuda"])
+def test_never_applied_off_npu(tiny_dense, recorded, monkeypatch, device_name):
+    from verl.models.registry import load_hf_model
+    from verl.utils import device
+
+    monkeypatch.setattr(device, "get_device_name", lambda: device_name)
+    load_hf_model(str(tiny_dense), dtype=torch.float32)
+    assert recorded == []
+
+
+def test_other_architectures_keep_their_forward_on_npu(recorded, monkeypatch):
+    from transformers import LlamaConfig
+
+    from verl.utils import device
+
+    monkeypatch.setattr(device, "get_device_name", lambda: "npu")
+    assert npu_patch.apply_npu_patches_for_model(LlamaConfig(architectures=["LlamaForCausalLM"])) == []
+    assert recorded == []

@@ -1,0 +1,46 @@
+"""When a colocated rollout engine holds memory and when it gets new weights (the hybrid-engine cycle).
+
+The trainer and the rollout engine share the device. Upstream's order, which this follows:
+
+* before generating: wake the engine's **weights**, sync the actor's weights into them (only when the actor
+  changed since the last sync, or the sleep discarded them), then wake the **KV cache** — waking the cache
+  last keeps the peak at weights + gathered bucket instead of weights + cache + bucket;
+* after generating (so before the log-prob passes and the actor update): put the engine to sleep, handing
+  its weights and KV cache back to the trainer.
+
+Whether sleeping frees anything is the engine's business (``rollout.free_cache_engine`` with vLLM's sleep
+mode; the hf engine and vLLM's CPU build keep their memory and their ``sleep`` / ``wake_up`` do nothing).
+The worker only calls :meth:`RolloutCycle.before_generate`, :meth:`RolloutCycle.after_generate` and
+:meth:`RolloutCycle.weights_changed`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutCycle:
+    """``rollout``: a :class:`~verl.workers.rollout.base.BaseRollout`; ``sync()``: pushes the actor's
+    current weights into it (a collective on every rank: all ranks call these methods together)."""
+
+    def __init__(self, rollout, sync: Callable[[], None]):
+        self.rollout = rollout
+        self.sync = sync
+        self.stale = True  # the engine starts from the checkpoint (or dummy weights): sync before first use
+
+    def weights_changed(self) -> None:
+        """The actor's weights moved (an optimizer step, a checkpoint load): sync before the next generation."""
+        self.stale = True
+
+    def before_generate(self) -> None:
+        self.rollout.wake_up(("weights",))
+        if self.stale or getattr(self.rollout, "weights_lost_in_sleep", False):
+            self.sync()
+            self.stale = False
+        self.rollout.wake_up(("kv_cache",))
+
+    def after_generate(self) -> None:
+        self.rollout.sleep(("weights", "kv_cache"))
