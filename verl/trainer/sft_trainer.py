@@ -21,7 +21,7 @@ from verl.trainer.sft.trainer import SFTTrainer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SFTTrainer", "create_sft_dataset", "load_config", "main", "run_sft", "validate_sft_config"]
+__all__ = ["SFTTrainer", "compose_sft_config", "create_sft_dataset", "load_config", "main", "run_sft", "validate_sft_config"]
 
 _ENGINE_GROUP = "engine"
 _DEMO_TRIGGERS = ("model.path", "data.train_files")
@@ -37,6 +37,13 @@ def _config_name_given(argv: list[str]) -> bool:
 
 def load_config(argv: list[str]) -> tuple[DictConfig, str]:
     """Compose and check the config; returns it with the engine strategy (a training-engine registry key)."""
+    cfg, strategy = compose_sft_config(argv)
+    validate_sft_config(cfg, strategy)
+    return cfg, strategy
+
+
+def compose_sft_config(argv: list[str]) -> tuple[DictConfig, str]:
+    """Compose the config from command-line arguments (every override key checked), resolved, not validated."""
     from verl.trainer.config.checks import compose_config, split_overrides
     from verl.trainer.demo.sft_task import register_resolver
     from verl.trainer.main_ppo import parse_cli
@@ -53,9 +60,7 @@ def load_config(argv: list[str]) -> tuple[DictConfig, str]:
         overrides = [*overrides, f"optim={engine_choice}"]  # the optimizer section follows the engine
     cfg = compose_config(name, overrides, config_dir=path, validate=False)
     OmegaConf.resolve(cfg)
-    strategy = str(cfg.engine.get("strategy") or engine_choice or "fsdp")
-    validate_sft_config(cfg, strategy)
-    return cfg, strategy
+    return cfg, str(cfg.engine.get("strategy") or engine_choice or "fsdp")
 
 
 def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
@@ -72,9 +77,12 @@ def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
             problems.append(f"`data.{key}` must be a positive integer, got {d.get(key)!r}")
     if d.pad_mode not in PAD_MODES:
         problems.append(f"`data.pad_mode={d.pad_mode!r}` is not supported; use one of {list(PAD_MODES)}")
-    elif d.pad_mode == "no_padding" and not cfg.model.get("use_remove_padding", False):
-        problems.append("`data.pad_mode=no_padding` trains on packed sequences, which needs "
-                        "`model.use_remove_padding=true` (or set `data.pad_mode=right`)")
+    elif d.pad_mode == "no_padding":
+        # Megatron's switch is engine.use_remove_padding (model.use_remove_padding is its deprecated alias).
+        key = "engine.use_remove_padding" if "use_remove_padding" in cfg.engine else "model.use_remove_padding"
+        if not OmegaConf.select(cfg, key):
+            problems.append(f"`data.pad_mode=no_padding` trains on packed sequences, which needs `{key}=true` "
+                            "(or set `data.pad_mode=right`)")
     if d.truncation not in TRUNCATION_MODES:
         problems.append(f"`data.truncation={d.truncation!r}` is not supported; use one of {list(TRUNCATION_MODES)}")
     if not d.get("train_files"):
