@@ -67,21 +67,20 @@ def test_hf_export_holds_the_trained_weights(tmp_path, lora):
 
 def test_two_ranks_match_one(tmp_path):
     """torchrun --nproc_per_node=2 (gloo on CPU) takes the same steps as one process on the same batches."""
-    common = ["trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.logger=[console,file]",
-              "data.train_max_samples=32", "data.train_batch_size=8", "data.micro_batch_size_per_gpu=2",
-              "data.val_max_samples=8", "trainer.resume_mode=disable"]
-    logs = {}
-    for n in (1, 2):
-        log = tmp_path / f"w{n}.jsonl"
-        launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
-                    if n > 1 else [sys.executable])
-        cmd = [*launcher, "-m", "verl.trainer.sft_trainer", *common, f"trainer.default_local_dir={tmp_path}/o{n}"]
-        proc = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path, VERL_FILE_LOGGER_PATH=str(log)),
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        logs[n] = [json.loads(line)["data"] for line in log.read_text().splitlines()]
-    assert len(logs[1]) == len(logs[2]) == 2
-    for one, two in zip(logs[1], logs[2]):
+    common = ["trainer.total_training_steps=2", "trainer.test_freq=2", "data.train_max_samples=32",
+              "data.train_batch_size=8", "data.micro_batch_size_per_gpu=2", "data.val_max_samples=8",
+              "trainer.resume_mode=disable"]
+    one = run_in_process(tmp_path / "o1", common)["history"]
+    log = tmp_path / "w2.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "verl.trainer.sft_trainer", *common, "trainer.logger=[console,file]",
+           f"trainer.default_local_dir={tmp_path}/o2"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path, VERL_FILE_LOGGER_PATH=str(log)),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = [json.loads(line)["data"] for line in log.read_text().splitlines()]
+    assert len(one) == len(two) == 2
+    for a, b in zip(one, two):
         for key in ("train/loss", "train/grad_norm", "train/global_tokens"):
-            assert two[key] == pytest.approx(one[key], rel=1e-4), key
-    assert logs[2][-1]["val/loss"] == pytest.approx(logs[1][-1]["val/loss"], rel=1e-4)
+            assert b[key] == pytest.approx(a[key], rel=1e-4), key
+    assert two[-1]["val/loss"] == pytest.approx(one[-1]["val/loss"], rel=1e-4)

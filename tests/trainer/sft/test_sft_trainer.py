@@ -15,7 +15,8 @@ ENGINE = os.environ.get("VERL_SFT_TEST_ENGINE", "fsdp")
 
 def _env(tmp_path, **extra):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", VERL_CPU_THREADS="1", **extra)
-    env.pop("WORLD_SIZE", None)
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)  # left behind by in-process runs; each launch picks its own
     return env
 
 
@@ -26,11 +27,14 @@ def run_in_process(tmp_path, overrides):
 
     cfg, strategy = load_config([f"engine.strategy={ENGINE}", f"trainer.default_local_dir={tmp_path}/ckpt",
                                  "trainer.logger=[console]", *overrides])
+    saved = dict(os.environ)
     try:
         return run_sft(cfg, strategy)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(saved)  # the next in-process run makes a fresh group on a fresh port
 
 
 @pytest.fixture(autouse=True)

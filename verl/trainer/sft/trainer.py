@@ -99,7 +99,7 @@ class SFTTrainer:
         engine_cls = EngineRegistry.get_or_raise(self.strategy)
         self.engine = engine_cls(model_config=self.config.model, engine_config=self.config.engine,
                                  optimizer_config=self.config.optim, checkpoint_config=self.config.checkpoint,
-                                 role="sft")
+                                 role="sft", processing_class=self.processor or self.tokenizer)
         self.engine.initialize()
 
     def _meta(self) -> dict:
