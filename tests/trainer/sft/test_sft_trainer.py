@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-ENGINE = os.environ.get("VERL_SFT_TEST_ENGINE", "fsdp")
 
 
 def _env(tmp_path, **extra):
@@ -25,7 +24,7 @@ def run_in_process(tmp_path, overrides):
 
     from verl.trainer.sft_trainer import load_config, run_sft
 
-    cfg, strategy = load_config([f"engine.strategy={ENGINE}", f"trainer.default_local_dir={tmp_path}/ckpt",
+    cfg, strategy = load_config([f"trainer.default_local_dir={tmp_path}/ckpt",
                                  "trainer.logger=[console]", *overrides])
     saved = dict(os.environ)
     try:
@@ -37,14 +36,6 @@ def run_in_process(tmp_path, overrides):
         os.environ.update(saved)  # the next in-process run makes a fresh group on a fresh port
 
 
-@pytest.fixture(autouse=True)
-def _toy_engine():
-    if ENGINE == "toy":
-        from verl.workers.engine import EngineRegistry
-
-        EngineRegistry.register("toy", "tests.trainer.sft.toy_engine.ToyEngine", override=True)
-
-
 def test_embedded_default_learns(tmp_path):
     """`python -m verl.trainer.sft_trainer` (the embedded demo; fewer steps to keep the test short): the
     training loss falls to at most half its first value, metrics reach the file logger, a loss curve is drawn."""
@@ -52,11 +43,6 @@ def test_embedded_default_learns(tmp_path):
     steps = 8
     cmd = [sys.executable, "-m", "verl.trainer.sft_trainer", f"trainer.total_training_steps={steps}",
            "trainer.test_freq=4"]
-    if ENGINE != "fsdp":
-        cmd = [sys.executable, "-c", "import sys; from verl.workers.engine import EngineRegistry; "
-               "EngineRegistry.register('toy', 'tests.trainer.sft.toy_engine.ToyEngine'); "
-               "from verl.trainer.sft_trainer import main; sys.exit(main(sys.argv[1:]))", *cmd[3:],
-               f"engine.strategy={ENGINE}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path, VERL_FILE_LOGGER_PATH=str(log)),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -62,7 +62,7 @@ class SFTTrainer:
 
     # ------------------------------------------------------------------ setup
     def _build_tokenizer(self) -> None:
-        from verl.workers.model_builder import load_tokenizer_and_processor
+        from verl.utils.tokenizer import load_tokenizer_and_processor
 
         self.tokenizer, self.processor = load_tokenizer_and_processor(self.config.model)
 
