@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Optional, Sequence
 
 __all__ = ["plot_history"]
+
+logger = logging.getLogger(__name__)
 
 
 def plot_history(history: Sequence[dict], series: Sequence[tuple[str, str, str]], path: str, title: str,
@@ -20,7 +23,11 @@ def plot_history(history: Sequence[dict], series: Sequence[tuple[str, str, str]]
             curves.append((points, label, fmt))
     if not curves:
         return None
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        logger.warning("matplotlib is not installed, so %s is not drawn (pip install matplotlib)", path)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
