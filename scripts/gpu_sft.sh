@@ -6,10 +6,11 @@
 set -euo pipefail
 
 OUT=${OUT:-outputs/gpu_sft}
+WORK=${WORK:-/tmp/gpu_sft}  # demo assets and checkpoints (kept out of $OUT, which holds only the logs)
 STEPS=${STEPS:-5}
 TOL=${TOL:-0.03}  # relative; bf16 compute on both sides, different kernels
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 VERL_DEMO_DIR=${VERL_DEMO_DIR:-$OUT/demo}
+mkdir -p "$OUT" "$WORK"
+export PYTHONUNBUFFERED=1 VERL_DEMO_DIR=${VERL_DEMO_DIR:-$WORK/demo}
 
 COMMON=(trainer.total_training_steps="$STEPS" trainer.test_freq=-1 trainer.save_freq=-1 trainer.device=cuda
         trainer.logger='[console,file]' data.train_batch_size=16 data.micro_batch_size_per_gpu=8
@@ -23,7 +24,7 @@ for engine in fsdp megatron; do
         extra=(optim.lr_warmup_steps=2)
     fi
     VERL_FILE_LOGGER_PATH="$OUT/$engine.jsonl" timeout 300 python -m verl.trainer.sft_trainer "${COMMON[@]}" \
-        "${extra[@]}" trainer.default_local_dir="$OUT/$engine" 2>&1 | tee "$OUT/$engine.log" | grep -E "^step:|Error|error" || true
+        "${extra[@]}" trainer.default_local_dir="$WORK/$engine" 2>&1 | tee "$OUT/$engine.log" | grep -E "^step:|Error|error" || true
 done
 
 python - "$OUT" "$TOL" <<'PY'
