@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-import numpy as np
 import torch
 
 from verl.protocol import DataProto
 from verl.utils.dataset.multiturn_sft_dataset import sft_collate_fn
 from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
 
-__all__ = ["EpochOrder", "GlobalBatchSampler", "split_for_rank", "rows_to_dataproto", "eval_batches"]
+__all__ = ["EpochOrder", "GlobalBatchSampler", "eval_batches", "global_target_tokens", "rows_to_dataproto",
+           "split_for_rank"]
 
 
 class EpochOrder:
@@ -91,9 +91,3 @@ def global_target_tokens(rows: list[dict]) -> int:
     """Target tokens of a batch as the loss counts them (a token at position 0 is never predicted)."""
     return int(sum(int(r["loss_mask"][1:].sum()) for r in rows))
 
-
-def as_numpy_object(values: list) -> np.ndarray:
-    arr = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        arr[i] = v
-    return arr
