@@ -164,6 +164,11 @@ def run_sft(config: DictConfig, strategy: str = "fsdp") -> dict:
     _init_distributed()
     _seed(int(config.trainer.seed))
     rank = dist.get_rank()
+    planned = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    if planned != dist.get_world_size() and rank == 0:
+        # torchrun decides the process count; these keys only describe it (the batch split follows the real one).
+        logger.warning("trainer.nnodes * trainer.n_gpus_per_node = %d but %d processes were launched; training "
+                       "on %d", planned, dist.get_world_size(), dist.get_world_size())
     trainer = SFTTrainer(config, strategy)
     tracker = None
     if rank == 0:

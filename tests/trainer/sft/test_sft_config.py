@@ -89,3 +89,23 @@ def test_example_scripts_compose(script):
     cfg, strategy = compose_sft_config(overrides)
     assert str(cfg.model.path) == "1"
     assert strategy == ("megatron" if "megatron" in script.name else "fsdp")
+
+
+def test_custom_dataset_class(tmp_path):
+    from omegaconf import OmegaConf
+
+    from verl.trainer.sft_trainer import create_sft_dataset
+
+    (tmp_path / "my_ds.py").write_text(
+        "from torch.utils.data import Dataset\n"
+        "class Rows(Dataset):\n"
+        "    def __init__(self, files, tokenizer, config, processor=None, max_samples=-1):\n"
+        "        self.files, self.max_samples = files, max_samples\n"
+        "    def __len__(self):\n"
+        "        return 0\n")
+    cfg = OmegaConf.create({"custom_cls": {"path": str(tmp_path / "my_ds.py"), "name": "Rows"}})
+    ds = create_sft_dataset(["a.parquet"], cfg, tokenizer=None, processor=None, max_samples=3)
+    assert type(ds).__name__ == "Rows" and ds.max_samples == 3
+    cfg = OmegaConf.create({"custom_cls": {"path": str(tmp_path / "my_ds.py"), "name": "Missing"}})
+    with pytest.raises(AttributeError, match="Missing"):
+        create_sft_dataset(["a.parquet"], cfg, tokenizer=None, processor=None)
