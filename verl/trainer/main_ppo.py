@@ -176,33 +176,14 @@ def _reward_where(cfg: DictConfig) -> str:
 
 def plot_reward_curve(history: list[dict], cfg: DictConfig) -> str | None:
     """PNG of critic/score/mean per step (and validation score where measured) next to the checkpoints."""
-    steps = [h["training/global_step"] for h in history if "critic/score/mean" in h]
-    if not steps:
-        return None
-    import matplotlib
+    from verl.utils.plot import plot_history
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    scores = [h["critic/score/mean"] for h in history if "critic/score/mean" in h]
+    val_keys = sorted({k for h in history for k in h if k.startswith("val-core/") and k.endswith("/mean@1")})
+    series = [("critic/score/mean", "critic/score/mean (train)", "o-")]
+    series += [(k, "val-core mean@1 (greedy)" if len(val_keys) == 1 else k, "s--") for k in val_keys]
     out_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "reward_curve.png")
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, scores, marker="o", ms=3, label="critic/score/mean (train)")
-    val = [(h["training/global_step"], v) for h in history for k, v in h.items()
-           if k.startswith("val-core/") and k.endswith("/mean@1")]
-    if val:
-        ax.plot([s for s, _ in val], [v for _, v in val], "s--", ms=4, label="val-core mean@1 (greedy)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("score")
-    ax.set_title(f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return plot_history(history, series, os.path.join(out_dir, "reward_curve.png"),
+                        f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}", "score", "training/global_step")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,277 @@
+"""The SFT training loop, written against the training-engine interface only (FSDP and Megatron alike).
+
+One process per device (``torchrun``) or a single process. Every rank loads each global batch, keeps its
+data-parallel share (see :mod:`verl.trainer.sft.batches`) and hands it to the engine with the SFT loss; the
+engine splits it into micro-batches, packs them when remove-padding is on, and steps the optimizer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, open_dict
+
+from verl.trainer.sft.batches import (
+    EpochOrder,
+    GlobalBatchSampler,
+    eval_batches,
+    global_target_tokens,
+    rows_to_dataproto,
+    split_for_rank,
+)
+from verl.trainer.sft.loss import make_sft_loss, token_nll_sum
+
+logger = logging.getLogger(__name__)
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+STATE_FILE = "sft_state.json"
+
+__all__ = ["SFTTrainer", "LATEST_FILE"]
+
+
+def _rows(batch: list[dict]) -> list[dict]:
+    return batch  # DataLoader collate: keep the rows; sharding and padding happen per rank
+
+
+def _frequency(value, steps_per_epoch: int, key: str) -> int:
+    if value == "after_each_epoch":
+        return steps_per_epoch
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key}={value!r}; use a number of steps, -1 or after_each_epoch")
+    return value
+
+
+class SFTTrainer:
+    """Build with the composed config and an engine strategy name, then :meth:`fit`."""
+
+    def __init__(self, config: DictConfig, strategy: str):
+        self.config = config
+        self.strategy = strategy
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self._build_tokenizer()
+        self._build_datasets()
+        self._plan_steps()
+        self._build_engine()
+
+    # ------------------------------------------------------------------ setup
+    def _build_tokenizer(self) -> None:
+        from verl.utils.tokenizer import load_tokenizer_and_processor
+
+        self.tokenizer, self.processor = load_tokenizer_and_processor(self.config.model)
+
+    def _build_datasets(self) -> None:
+        from verl.trainer.sft_trainer import create_sft_dataset
+
+        d = self.config.data
+        self.train_dataset = create_sft_dataset(d.train_files, d, self.tokenizer, self.processor,
+                                                max_samples=d.get("train_max_samples", -1))
+        self.val_dataset = (create_sft_dataset(d.val_files, d, self.tokenizer, self.processor,
+                                               max_samples=d.get("val_max_samples", -1)) if d.get("val_files") else None)
+        self.pad_token_id = getattr(self.train_dataset, "pad_token_id", None)
+        if self.pad_token_id is None:
+            self.pad_token_id = self.tokenizer.pad_token_id
+
+    def _plan_steps(self) -> None:
+        cfg = self.config
+        self.batch_size = int(cfg.data.train_batch_size)
+        self.steps_per_epoch = len(self.train_dataset) // self.batch_size
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"data.train_batch_size={self.batch_size} is larger than the training set "
+                             f"({len(self.train_dataset)} rows)")
+        total = cfg.trainer.get("total_training_steps")
+        self.total_steps = int(total) if total else self.steps_per_epoch * int(cfg.trainer.total_epochs)
+        self.save_freq = _frequency(cfg.trainer.save_freq, self.steps_per_epoch, "trainer.save_freq")
+        self.test_freq = _frequency(cfg.trainer.test_freq, self.steps_per_epoch, "trainer.test_freq")
+        with open_dict(cfg):
+            cfg.optim.total_training_steps = self.total_steps
+        self.order = EpochOrder(len(self.train_dataset), int(cfg.trainer.seed), bool(cfg.data.get("shuffle", True)))
+
+    def _build_engine(self) -> None:
+        from verl.workers.engine import EngineRegistry
+
+        engine_cls = EngineRegistry.get_or_raise(self.strategy)
+        self.engine = engine_cls(model_config=self.config.model, engine_config=self.config.engine,
+                                 optimizer_config=self.config.optim, checkpoint_config=self.config.checkpoint,
+                                 role="sft", processing_class=self.processor or self.tokenizer)
+        self.engine.initialize()
+
+    def _meta(self) -> dict:
+        d = self.config.data
+        return {"micro_batch_size": int(d.micro_batch_size_per_gpu), "use_dynamic_bsz": bool(d.use_dynamic_bsz),
+                "max_token_len": int(d.max_token_len_per_gpu), "temperature": 1.0}
+
+    # ------------------------------------------------------------------ checkpoints
+    def _ckpt_root(self) -> str:
+        return os.path.abspath(os.path.expanduser(self.config.trainer.default_local_dir))
+
+    def _resume_dir(self) -> Optional[str]:
+        t = self.config.trainer
+        if t.resume_mode == "disable":
+            return None
+        if t.resume_mode == "resume_path":
+            path = t.get("resume_from_path")
+            if not path or not os.path.basename(os.path.normpath(str(path))).startswith("global_step_"):
+                raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path pointing at a "
+                                 f".../global_step_N directory (got {path!r})")
+            path = os.path.abspath(os.path.expanduser(str(path)))
+            if not os.path.isdir(path):
+                raise FileNotFoundError(f"trainer.resume_from_path={path} does not exist")
+            return path
+        marker = os.path.join(self._ckpt_root(), LATEST_FILE)
+        if not os.path.exists(marker):
+            return None
+        with open(marker) as f:
+            return os.path.join(self._ckpt_root(), f"global_step_{int(f.read().strip())}")
+
+    def load_checkpoint(self) -> dict:
+        """Restore the engine and the data position; returns the trainer state (zeros for a fresh start)."""
+        state = {"global_step": 0, "epoch": 0, "step_in_epoch": 0, "total_tokens": 0}
+        path = self._resume_dir()
+        if path is None:
+            return state
+        with open(os.path.join(path, STATE_FILE)) as f:
+            state.update(json.load(f))
+        self.engine.load_checkpoint(path)
+        if self.rank == 0:
+            print(f"Resumed from {path} (global step {state['global_step']})", flush=True)
+        return state
+
+    def save_checkpoint(self, state: dict) -> str:
+        root = self._ckpt_root()
+        path = os.path.join(root, f"global_step_{state['global_step']}")
+        self.engine.save_checkpoint(path, global_step=state["global_step"])
+        if self.rank == 0:
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, STATE_FILE), "w") as f:
+                json.dump(state, f)
+        if dist.is_initialized():
+            dist.barrier()
+        if self.rank == 0:
+            # The marker moves only once every rank's part is on disk.
+            tmp = os.path.join(root, LATEST_FILE + ".tmp")
+            with open(tmp, "w") as f:
+                f.write(str(state["global_step"]))
+            os.replace(tmp, os.path.join(root, LATEST_FILE))
+            self._prune(root)
+        return path
+
+    def _prune(self, root: str) -> None:
+        keep = self.config.trainer.get("max_ckpt_to_keep")
+        if not keep or keep <= 0:
+            return
+        steps = sorted(int(d.rsplit("_", 1)[-1]) for d in os.listdir(root)
+                       if d.startswith("global_step_") and d.rsplit("_", 1)[-1].isdigit())
+        for s in steps[:-keep]:
+            shutil.rmtree(os.path.join(root, f"global_step_{s}"), ignore_errors=True)
+
+    # ------------------------------------------------------------------ steps
+    def _all_sum(self, *values: float) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            from verl.utils.device import get_device_id, get_device_name
+
+            # nccl reduces device tensors only; gloo (CPU) host tensors.
+            t = t.to("cpu" if get_device_name() == "cpu" else f"{get_device_name()}:{get_device_id()}")
+            dist.all_reduce(t)
+        return t.cpu().tolist()
+
+    def _nll(self, outputs: dict, data, weights: Optional[list[bool]] = None) -> tuple[float, float]:
+        """This rank's (token NLL sum, token count); ranks whose outputs are copies (TP, non-last PP) give 0."""
+        if not self.engine.is_mp_src_rank_with_outputs():
+            return 0.0, 0.0
+        mask = data.batch["loss_mask"]
+        if weights is not None:
+            mask = mask * torch.tensor(weights, dtype=mask.dtype).unsqueeze(-1)
+        nll, count = token_nll_sum(outputs["log_probs"].float(), mask)
+        return float(nll), float(count)
+
+    def train_step(self, rows: list[dict]) -> dict:
+        """One optimizer step on one global batch (every rank passes the same ``rows``)."""
+        t0 = time.perf_counter()
+        mine = split_for_rank(rows, self.engine.dp_size, self.engine.dp_rank,
+                              bool(self.config.trainer.get("balance_batch", True)))
+        data = rows_to_dataproto(mine, self.pad_token_id, self._meta())
+        loss_fn = make_sft_loss(global_target_tokens(rows), self.engine.dp_size)
+        with self.engine.train_mode():
+            self.engine.optimizer_zero_grad()
+            result = self.engine.forward_backward_batch(data, loss_fn, forward_only=False, outputs=("log_probs",))
+            grad_norm = self.engine.optimizer_step()
+        lr = self.engine.lr_scheduler_step()
+        nll, count = self._all_sum(*self._nll(result["outputs"], data))
+        seconds = time.perf_counter() - t0
+        tokens = sum(int(r["attention_mask"].sum()) for r in rows)
+        metrics = {f"train/{k}": v for k, v in (result.get("metrics") or {}).items()}
+        metrics.update({"train/loss": nll / max(count, 1.0), "train/grad_norm": float(grad_norm), "train/lr": float(lr),
+                        "train/global_tokens": tokens, "train/tokens_per_second": tokens / max(seconds, 1e-9),
+                        "train/step_time(s)": seconds})
+        return metrics
+
+    def validate(self) -> dict:
+        if self.val_dataset is None:
+            return {}
+        per_rank = int(self.config.data.micro_batch_size_per_gpu)
+        total_nll = total_count = 0.0
+        for idx, weights in eval_batches(len(self.val_dataset), per_rank, self.engine.dp_size, self.engine.dp_rank):
+            data = rows_to_dataproto([self.val_dataset[i] for i in idx], self.pad_token_id, self._meta())
+            outputs = self.engine.infer_batch(data, outputs=("log_probs",))
+            nll, count = self._nll(outputs, data, weights)
+            total_nll += nll
+            total_count += count
+        nll, count = self._all_sum(total_nll, total_count)
+        return {"val/loss": nll / max(count, 1.0)}
+
+    # ------------------------------------------------------------------ loop
+    def _loader(self, epoch: int, start: int):
+        from torch.utils.data import DataLoader
+
+        workers = int(self.config.data.get("num_workers", 0) or 0)
+        return DataLoader(self.train_dataset, batch_sampler=GlobalBatchSampler(self.order, self.batch_size, epoch, start),
+                          collate_fn=_rows, num_workers=workers, persistent_workers=False)
+
+    def fit(self, tracker=None) -> dict:
+        """Train to ``total_steps``; returns ``{"history": [metrics per logged step], "checkpoint": last path}``."""
+        state = self.load_checkpoint()
+        history: list[dict] = []
+        last_ckpt = None
+        bar = None
+        if self.rank == 0:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.total_steps, initial=state["global_step"], desc="SFT", dynamic_ncols=True)
+        epoch, start = state["epoch"], state["step_in_epoch"]
+        while state["global_step"] < self.total_steps:
+            for rows in self._loader(epoch, start):
+                metrics = self.train_step(rows)
+                state["global_step"] += 1
+                state["step_in_epoch"] += 1
+                if state["step_in_epoch"] == self.steps_per_epoch:
+                    state["epoch"], state["step_in_epoch"] = state["epoch"] + 1, 0
+                state["total_tokens"] += metrics["train/global_tokens"]
+                metrics["train/total_tokens(B)"] = state["total_tokens"] / 1e9
+                metrics["train/epoch"] = epoch
+                step = state["global_step"]
+                last = step >= self.total_steps
+                if self.test_freq > 0 and (step % self.test_freq == 0 or last):
+                    metrics.update(self.validate())
+                if self.save_freq > 0 and (step % self.save_freq == 0 or last):
+                    last_ckpt = self.save_checkpoint(dict(state))
+                metrics["training/global_step"] = step
+                history.append(metrics)
+                if tracker is not None and self.rank == 0:
+                    tracker.log({k: v for k, v in metrics.items() if k != "training/global_step"}, step=step)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
+                    bar.update(1)
+                if last:
+                    break
+            epoch, start = state["epoch"], state["step_in_epoch"]
+        if bar is not None:
+            bar.close()
+        return {"history": history, "checkpoint": last_ckpt}

@@ -1,0 +1,214 @@
+"""Entry point: ``python -m verl.trainer.sft_trainer [--config-name NAME] [key=value ...]`` (or ``torchrun
+--nproc_per_node=N -m verl.trainer.sft_trainer ...``): supervised fine-tuning on multi-turn conversations.
+
+The config is ``sft_trainer_engine.yaml`` (upstream verl's keys), composed with Hydra's override grammar and
+checked like ``main_ppo``'s: an unknown key names the nearest valid one. ``engine=megatron`` picks the
+Megatron engine (and its optimizer group unless ``optim=`` is given); the trainer itself talks to the
+training-engine interface only. When neither ``model.path`` nor ``data.train_files`` is given (e.g. no
+arguments at all), the embedded demo runs (``sft_demo.yaml``) with any other overrides on top.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl.trainer.sft.trainer import SFTTrainer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SFTTrainer", "compose_sft_config", "create_sft_dataset", "load_config", "main", "run_sft", "validate_sft_config"]
+
+_ENGINE_GROUP = "engine"
+_DEMO_TRIGGERS = ("model.path", "data.train_files")
+
+
+def _override_key(text: str) -> str:
+    return text.lstrip("~+").split("=", 1)[0]
+
+
+def _config_name_given(argv: list[str]) -> bool:
+    return any(a.split("=", 1)[0] in ("--config-name", "-cn") for a in argv)
+
+
+def load_config(argv: list[str]) -> tuple[DictConfig, str]:
+    """Compose and check the config; returns it with the engine strategy (a training-engine registry key)."""
+    cfg, strategy = compose_sft_config(argv)
+    validate_sft_config(cfg, strategy)
+    return cfg, strategy
+
+
+def compose_sft_config(argv: list[str]) -> tuple[DictConfig, str]:
+    """Compose the config from command-line arguments (every override key checked), resolved, not validated."""
+    from verl.trainer.config.checks import compose_config, split_overrides
+    from verl.trainer.demo.sft_task import register_resolver
+    from verl.trainer.main_ppo import parse_cli
+
+    register_resolver()
+    name, path, overrides = parse_cli(argv)
+    if not _config_name_given(argv):
+        touched = {_override_key(o) for o in overrides}
+        name = "sft_trainer_engine" if touched & set(_DEMO_TRIGGERS) else "sft_demo"
+    groups, _ = split_overrides(overrides, path)
+    choices = {g.split("=", 1)[0]: g.split("=", 1)[1] for g in groups if "=" in g}
+    engine_choice = choices.get(_ENGINE_GROUP)
+    if engine_choice and "optim" not in choices:
+        overrides = [*overrides, f"optim={engine_choice}"]  # the optimizer section follows the engine
+    cfg = compose_config(name, overrides, config_dir=path, validate=False)
+    OmegaConf.resolve(cfg)
+    return cfg, str(cfg.engine.get("strategy") or engine_choice or "fsdp")
+
+
+def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
+    """Problems of an SFT config, all at once, each naming its key (raises ConfigValidationError)."""
+    from verl.trainer.config.checks import ConfigValidationError
+    from verl.utils.dataset.multiturn_sft_dataset import PAD_MODES, TRUNCATION_MODES
+    from verl.workers.engine import EngineRegistry
+
+    problems: list[str] = []
+    EngineRegistry.check(strategy, problems)
+    d, t = cfg.data, cfg.trainer
+    for key in ("train_batch_size", "micro_batch_size_per_gpu", "max_token_len_per_gpu", "max_length"):
+        if not isinstance(d.get(key), int) or isinstance(d.get(key), bool) or d.get(key) <= 0:
+            problems.append(f"`data.{key}` must be a positive integer, got {d.get(key)!r}")
+    if d.pad_mode not in PAD_MODES:
+        problems.append(f"`data.pad_mode={d.pad_mode!r}` is not supported; use one of {list(PAD_MODES)}")
+    elif d.pad_mode == "no_padding":
+        # Megatron's switch is engine.use_remove_padding (model.use_remove_padding is its deprecated alias).
+        key = "engine.use_remove_padding" if "use_remove_padding" in cfg.engine else "model.use_remove_padding"
+        if not OmegaConf.select(cfg, key):
+            problems.append(f"`data.pad_mode=no_padding` trains on packed sequences, which needs `{key}=true` "
+                            "(or set `data.pad_mode=right`)")
+    if d.truncation not in TRUNCATION_MODES:
+        problems.append(f"`data.truncation={d.truncation!r}` is not supported; use one of {list(TRUNCATION_MODES)}")
+    if not d.get("train_files"):
+        problems.append("`data.train_files` is empty")
+    if t.resume_mode not in ("auto", "disable", "resume_path"):
+        problems.append(f"`trainer.resume_mode={t.resume_mode!r}`; use auto, disable or resume_path")
+    for key in ("save_freq", "test_freq"):
+        value = t.get(key)
+        if value != "after_each_epoch" and (isinstance(value, bool) or not isinstance(value, int)):
+            problems.append(f"`trainer.{key}={value!r}`; use a number of steps, -1 or after_each_epoch")
+    steps = t.get("total_training_steps")
+    if steps is not None and (not isinstance(steps, int) or steps <= 0):
+        problems.append(f"`trainer.total_training_steps={steps!r}` must be a positive integer or null")
+    if t.device not in ("cuda", "npu", "cpu"):
+        problems.append(f"`trainer.device={t.device!r}`; use cuda, npu or cpu")
+    else:
+        from verl.utils.device import get_device_name
+
+        if t.device != get_device_name():
+            problems.append(f"`trainer.device={t.device}` but this host runs on {get_device_name()}; set "
+                            f"`trainer.device={get_device_name()}`")
+    if problems:
+        raise ConfigValidationError(problems)
+
+
+def create_sft_dataset(data_paths, data_config, tokenizer, processor, max_samples: int = -1):
+    """``data.custom_cls`` when set, else :class:`MultiTurnSFTDataset`."""
+    from torch.utils.data import Dataset
+
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+    from verl.utils.dataset.rl_dataset import _load_object_from_path
+
+    custom = data_config.get("custom_cls")
+    cls = MultiTurnSFTDataset
+    if custom is not None and custom.get("path"):
+        if not custom.get("name"):
+            raise ValueError("data.custom_cls.path is set but data.custom_cls.name is empty; name the dataset class")
+        cls = _load_object_from_path(custom.path, custom.name, "data.custom_cls")
+        if not (isinstance(cls, type) and issubclass(cls, Dataset)):
+            raise TypeError(f"data.custom_cls: {custom.name!r} must be a torch.utils.data.Dataset subclass")
+    return cls(data_paths, tokenizer, data_config, processor=processor, max_samples=max_samples)
+
+
+def _init_distributed() -> None:
+    """Join (or, for a single process, create) the default process group: gloo on CPU, nccl on GPUs."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if "WORLD_SIZE" not in os.environ:  # plain `python -m`: a group of one
+        from verl.single_controller.ray import find_free_port
+
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(find_free_port()))
+    from verl.single_controller.worker import Worker
+
+    Worker.ensure_process_group()
+
+
+def _seed(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run_sft(config: DictConfig, strategy: str = "fsdp") -> dict:
+    """Train; returns the trainer's result (``history`` of logged metrics, last ``checkpoint``, ``loss_curve``)."""
+    import torch.distributed as dist
+
+    from verl.utils.plot import plot_history
+    from verl.utils.tracking import Tracking
+
+    _init_distributed()
+    _seed(int(config.trainer.seed))
+    rank = dist.get_rank()
+    planned = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    if planned != dist.get_world_size() and rank == 0:
+        # torchrun decides the process count; these keys only describe it (the batch split follows the real one).
+        logger.warning("trainer.nnodes * trainer.n_gpus_per_node = %d but %d processes were launched; training "
+                       "on %d", planned, dist.get_world_size(), dist.get_world_size())
+    trainer = SFTTrainer(config, strategy)
+    tracker = None
+    if rank == 0:
+        tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name,
+                           default_backend=list(config.trainer.logger), config=OmegaConf.to_container(config))
+    try:
+        result = trainer.fit(tracker)
+    finally:
+        if tracker is not None:
+            tracker.finish()
+    result["loss_curve"] = None
+    if rank == 0:
+        out = os.path.join(os.path.abspath(os.path.expanduser(config.trainer.default_local_dir)), "loss_curve.png")
+        result["loss_curve"] = plot_history(result["history"], [("train/loss", "train/loss", "o-"),
+                                                                ("val/loss", "val/loss", "s--")],
+                                            out, f"{config.trainer.project_name} / {config.trainer.experiment_name}",
+                                            "loss", "training/global_step")
+        if result["loss_curve"]:
+            print(f"Loss curve written to {result['loss_curve']}", flush=True)
+    return result
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from verl.trainer.config.checks import ConfigKeyError, ConfigValidationError
+
+    try:
+        cfg, strategy = load_config(argv)
+    except (ConfigKeyError, ConfigValidationError) as e:
+        print(f"Config error:\n{e}", file=sys.stderr)
+        return 2
+    try:
+        run_sft(cfg, strategy)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
