@@ -32,6 +32,10 @@ _ARCHITECTURE_KEYS = frozenset(
 )
 
 
+# Keys the model reads that megatron-core keeps outside TransformerConfig.
+_MODEL_LEVEL_KEYS = ("rotary_percent", "rotary_base")
+
+
 def _rope(text) -> tuple[float, float]:
     """(rope_theta, partial_rotary_factor) from transformers 5 ``rope_parameters`` or the older flat keys."""
     params = getattr(text, "rope_parameters", None) or {}
@@ -108,6 +112,11 @@ def qwen3_5_transformer_config_kwargs(hf_config, dtype: Any = None, **overrides)
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        # The local (pure PyTorch) spec; "transformer_engine" swaps in TE's linear layers where TE is installed.
+        transformer_impl="local",
+        # megatron-core refuses its default "allgather" dispatcher with variable sequence lengths, even when
+        # the model is dense.
+        moe_token_dispatcher_type="alltoall",
     )
     if is_moe(hf_config):
         kw.update(
@@ -122,7 +131,6 @@ def qwen3_5_transformer_config_kwargs(hf_config, dtype: Any = None, **overrides)
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=0.0,
             moe_router_dtype="fp32",
-            moe_token_dispatcher_type="alltoall",
             moe_grouped_gemm=False,
             moe_permute_fusion=False,
         )
@@ -149,10 +157,23 @@ def build_transformer_config(kwargs: dict):
     require_megatron()
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    import dataclasses
+
     kwargs = dict(kwargs)
     act = kwargs.pop("activation_func_name", "silu")
     kwargs["activation_func"] = {"silu": F.silu, "swish": F.silu}[act]
-    return TransformerConfig(**kwargs)
+    # Rotary settings are model-level in megatron-core (GPTModel arguments), not TransformerConfig fields: keep
+    # them on the config object so the model reads one place.
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    model_level = {k: kwargs.pop(k) for k in _MODEL_LEVEL_KEYS if k in kwargs and k not in fields}
+    unknown = sorted(k for k in kwargs if k not in fields)
+    if unknown:
+        raise ValueError(f"{MEGATRON_KEY_PREFIX}.override_transformer_config: {unknown} are not megatron-core "
+                         "TransformerConfig fields")
+    config = TransformerConfig(**kwargs)
+    for k, v in model_level.items():
+        setattr(config, k, v)
+    return config
 
 
 # ----------------------------------------------------------------------------------------------------------

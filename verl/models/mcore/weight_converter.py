@@ -48,6 +48,7 @@ from verl.models.registry import get_text_config
 __all__ = [
     "ParallelLayout", "Qwen35Dims", "layer_offset", "mcore_state_for_rank", "hf_to_mcore_shards", "mcore_to_hf",
     "global_mcore_name", "gather_tp", "mcore_shards_to_hf", "ExpertFuser", "strip_wrapper_prefix", "hf_getter",
+    "safetensors_getter", "load_mcore_state", "to_hf_stream", "partition_dim", "is_expert_param",
 ]
 
 
@@ -551,3 +552,51 @@ def mcore_shards_to_hf(shards: Mapping[tuple, Mapping[str, torch.Tensor]], hf_co
     for name, tensor in to_hf_stream(gathered(), hf_config, layout.tp, layout.etp_size, expert_format):
         out[name] = tensor
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------------------
+
+
+def safetensors_getter(path: str) -> Callable[[str], torch.Tensor]:
+    """Getter over a checkpoint directory's ``*.safetensors`` files that reads one tensor at a time."""
+    import glob
+    import os
+
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    where: dict[str, str] = {}
+    for f in files:
+        with safe_open(f, framework="pt") as handle:
+            for key in handle.keys():
+                where[key] = f
+    lookup = {k: None for k in where}
+
+    def raw(name: str) -> torch.Tensor:
+        with safe_open(where[name], framework="pt") as handle:
+            return handle.get_tensor(name)
+
+    class _Lazy(dict):  # a Mapping whose values load on access, so hf_getter's fused-expert fallback works
+        def __getitem__(self, key):
+            return raw(key)
+
+    return hf_getter(_Lazy(lookup))
+
+
+@torch.no_grad()
+def load_mcore_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy a chunk-local state dict into a model chunk; every parameter must be covered exactly once."""
+    params = {strip_wrapper_prefix(n): p for n, p in module.named_parameters()}
+    missing = sorted(set(params) - set(state))
+    extra = sorted(set(state) - set(params))
+    if missing or extra:
+        raise KeyError(f"mcore state does not match the model: missing {missing[:8]}, unexpected {extra[:8]}")
+    for name, p in params.items():
+        src = state[name]
+        if tuple(src.shape) != tuple(p.shape):
+            raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != parameter shape {tuple(p.shape)}")
+        p.copy_(src.to(device=p.device, dtype=p.dtype))
