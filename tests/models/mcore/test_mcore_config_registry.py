@@ -99,7 +99,8 @@ def test_mcore_register_one_model(configs):
         with pytest.raises(ImportError, match=r"pip install -e \.\[mcore\]"):
             mreg.get_mcore_forward_fn(cfg)
     finally:
-        for reg in (mreg.CONFIG_CONVERTERS, mreg.MODEL_INITIALIZERS, mreg.FORWARD_FNS, mreg.WEIGHT_CONVERTERS):
+        for reg in (mreg.MODEL_CONFIG_CONVERTER_REGISTRY, mreg.MODEL_INITIALIZER_REGISTRY, mreg.MODEL_FORWARD_REGISTRY,
+                    mreg.MODEL_WEIGHT_CONVERTER_REGISTRY):
             reg.pop(key, None)
             reg.extras.pop(key, None)
 

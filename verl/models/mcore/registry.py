@@ -3,12 +3,12 @@
 Four registries, keyed by :class:`SupportedModel` (or, for models added outside this package, by the
 checkpoint's architecture string), hold what the Megatron engine needs per model:
 
-* ``CONFIG_CONVERTERS``: HF config -> ``TransformerConfig`` keyword arguments (pure, no megatron import);
-* ``MODEL_INITIALIZERS``: ``(tfconfig, hf_config, pre_process, post_process, share_embeddings_and_output_weights,
-  value, vp_stage) -> torch.nn.Module`` (imports megatron-core);
-* ``FORWARD_FNS``: ``fn(model, input_ids, position_ids, packed_seq_params=None, ...)``;
-* ``WEIGHT_CONVERTERS``: a module-like object with ``mcore_state_for_rank`` / ``mcore_to_hf`` / ``to_hf_stream``
-  / ``global_mcore_name`` / ``gather_tp`` / ``partition_dim`` (see :mod:`verl.models.mcore.weight_converter`).
+* ``MODEL_CONFIG_CONVERTER_REGISTRY``: HF config -> ``TransformerConfig`` keyword arguments (pure, no megatron import);
+* ``MODEL_INITIALIZER_REGISTRY``: ``(tfconfig, hf_config, pre_process, post_process,
+  share_embeddings_and_output_weights, value, vp_stage) -> torch.nn.Module`` (imports megatron-core);
+* ``MODEL_FORWARD_REGISTRY``: ``fn(model, input_ids, position_ids, packed_seq_params=None, ...)``;
+* ``MODEL_WEIGHT_CONVERTER_REGISTRY``: a module-like object with ``mcore_state_for_rank`` / ``mcore_to_hf`` /
+  ``to_hf_stream`` / ``global_mcore_name`` / ``gather_tp`` / ``partition_dim`` (see :mod:`verl.models.mcore.weight_converter`).
 
 :func:`register_mcore_model` fills all four at once; entries may be dotted import paths, resolved on first
 use, so this module imports without megatron-core. See ``docs/advance/megatron_extension.md``.
@@ -24,7 +24,8 @@ from verl.models.mcore.config_converter import build_transformer_config, check_p
 from verl.utils.registry import Registry
 
 __all__ = [
-    "SupportedModel", "CONFIG_CONVERTERS", "MODEL_INITIALIZERS", "FORWARD_FNS", "WEIGHT_CONVERTERS",
+    "SupportedModel", "MODEL_CONFIG_CONVERTER_REGISTRY", "MODEL_INITIALIZER_REGISTRY", "MODEL_FORWARD_REGISTRY",
+    "MODEL_WEIGHT_CONVERTER_REGISTRY",
     "register_mcore_model", "get_supported_model", "hf_to_mcore_config", "init_mcore_model", "get_mcore_forward_fn",
     "get_mcore_weight_converter", "check_parallel_sizes",
 ]
@@ -43,11 +44,12 @@ class SupportedModel(str, Enum):
 
 
 _KEY = "actor_rollout_ref.model.path (its config.json architectures)"
-CONFIG_CONVERTERS = Registry("megatron config converter", config_key=_KEY)
-MODEL_INITIALIZERS = Registry("megatron model initializer", config_key=_KEY)
-FORWARD_FNS = Registry("megatron forward function", config_key=_KEY)
-WEIGHT_CONVERTERS = Registry("megatron weight converter", config_key=_KEY)
-_ALL = (CONFIG_CONVERTERS, MODEL_INITIALIZERS, FORWARD_FNS, WEIGHT_CONVERTERS)
+MODEL_CONFIG_CONVERTER_REGISTRY = Registry("megatron config converter", config_key=_KEY)
+MODEL_INITIALIZER_REGISTRY = Registry("megatron model initializer", config_key=_KEY)
+MODEL_FORWARD_REGISTRY = Registry("megatron forward function", config_key=_KEY)
+MODEL_WEIGHT_CONVERTER_REGISTRY = Registry("megatron weight converter", config_key=_KEY)
+_ALL = (MODEL_CONFIG_CONVERTER_REGISTRY, MODEL_INITIALIZER_REGISTRY, MODEL_FORWARD_REGISTRY,
+        MODEL_WEIGHT_CONVERTER_REGISTRY)
 
 ModelKey = Union[SupportedModel, str]
 
@@ -83,19 +85,19 @@ def get_supported_model(hf_config) -> ModelKey:
     """The registry key of a checkpoint: its declared architecture, else its ``model_type`` (Qwen3.5 family)."""
     archs = list(getattr(hf_config, "architectures", None) or [])
     for arch in archs:
-        for reg_key in CONFIG_CONVERTERS:
+        for reg_key in MODEL_CONFIG_CONVERTER_REGISTRY:
             if str(reg_key) == arch:
                 return reg_key
     from verl.models.registry import get_model_spec
 
     spec = get_model_spec(hf_config)
-    for reg_key in CONFIG_CONVERTERS:
+    for reg_key in MODEL_CONFIG_CONVERTER_REGISTRY:
         if str(reg_key) == spec.architecture:
             return reg_key
     raise ValueError(
         f"the Megatron backend has no model for architectures={archs} "
         f"(model_type={getattr(hf_config, 'model_type', None)!r}); registered: "
-        f"{', '.join(str(k) for k in CONFIG_CONVERTERS)}. Add one with "
+        f"{', '.join(str(k) for k in MODEL_CONFIG_CONVERTER_REGISTRY)}. Add one with "
         "verl.models.mcore.registry.register_mcore_model (docs/advance/megatron_extension.md) or train it with "
         "actor_rollout_ref.actor.strategy=fsdp2"
     )
@@ -109,12 +111,16 @@ def _get(reg: Registry, hf_config) -> Any:
 
 def transformer_config_kwargs(hf_config, dtype=None, **override_transformer_config) -> dict:
     """TransformerConfig kwargs (pure: no megatron import)."""
-    return _get(CONFIG_CONVERTERS, hf_config)(hf_config, dtype, **override_transformer_config)
+    return _get(MODEL_CONFIG_CONVERTER_REGISTRY, hf_config)(hf_config, dtype, **override_transformer_config)
 
 
 def hf_to_mcore_config(hf_config, dtype=None, **override_transformer_config):
-    """HF config -> megatron-core ``TransformerConfig`` (parallel sizes etc. come in the overrides)."""
-    return build_transformer_config(transformer_config_kwargs(hf_config, dtype, **override_transformer_config))
+    """HF config -> megatron-core ``TransformerConfig`` (parallel sizes etc. come in the overrides).
+
+    A registered converter returns TransformerConfig kwargs (pure, testable without megatron) or, as upstream
+    verl's converters do, a ready TransformerConfig."""
+    out = _get(MODEL_CONFIG_CONVERTER_REGISTRY, hf_config)(hf_config, dtype, **override_transformer_config)
+    return build_transformer_config(out) if isinstance(out, dict) else out
 
 
 def init_mcore_model(tfconfig, hf_config, pre_process: bool = True, post_process: bool = True,
@@ -125,15 +131,15 @@ def init_mcore_model(tfconfig, hf_config, pre_process: bool = True, post_process
     from verl.models.mcore import require_megatron
 
     require_megatron()
-    build = _get(MODEL_INITIALIZERS, hf_config)
+    build = _get(MODEL_INITIALIZER_REGISTRY, hf_config)
     return build(tfconfig, hf_config, pre_process=pre_process, post_process=post_process,
                  share_embeddings_and_output_weights=share_embeddings_and_output_weights, value=value,
                  vp_stage=vp_stage)
 
 
 def get_mcore_forward_fn(hf_config) -> Callable:
-    return _get(FORWARD_FNS, hf_config)
+    return _get(MODEL_FORWARD_REGISTRY, hf_config)
 
 
 def get_mcore_weight_converter(hf_config):
-    return _get(WEIGHT_CONVERTERS, hf_config)
+    return _get(MODEL_WEIGHT_CONVERTER_REGISTRY, hf_config)
