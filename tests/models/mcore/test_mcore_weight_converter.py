@@ -145,3 +145,10 @@ def test_mcore_bad_names_and_missing_tensors(checkpoints):
     broken = {k: v for k, v in state.items() if "in_proj_z" not in k}
     with pytest.raises(KeyError, match="in_proj_z.weight is missing"):
         hf_to_mcore_shards(broken, config)
+
+
+def test_mcore_value_model_leaves_the_lm_head_out(checkpoints):
+    config, state = checkpoints("moe_untied")
+    lm = mcore_state_for_rank(state, config)
+    critic = mcore_state_for_rank(state, config, value=True)
+    assert "output_layer.weight" in lm and set(lm) - set(critic) == {"output_layer.weight"}

@@ -421,13 +421,19 @@ def mcore_state_for_rank(
     tp_rank: int = 0,
     ep_rank: int = 0,
     etp_rank: Optional[int] = None,
+    value: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """The chunk-local mcore state dict of one rank, built from HF tensors fetched by name."""
+    """The chunk-local mcore state dict of one rank, built from HF tensors fetched by name.
+
+    ``value=True`` (a critic built from an LM checkpoint) leaves out the LM head: the value head keeps its init
+    (load with ``load_mcore_state(..., keep_init=("output_layer.",))``)."""
     get = hf_getter(hf_get) if isinstance(hf_get, Mapping) else hf_get
     dims = Qwen35Dims.from_hf(hf_config)
     etp_rank = tp_rank if etp_rank is None else etp_rank
     out = {}
     for local, glob in _chunk_names(dims, layout, pp_rank, vp_stage, ep_rank):
+        if value and local == "output_layer.weight":
+            continue
         rule, hf_names = _resolve(glob, dims)
         rank, size = (etp_rank, layout.etp_size) if rule.expert else (tp_rank, layout.tp)
         out[local] = _split(rule, [get(n) for n in hf_names], rank, size)
@@ -588,14 +594,17 @@ def safetensors_getter(path: str) -> Callable[[str], torch.Tensor]:
 
 
 @torch.no_grad()
-def load_mcore_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy a chunk-local state dict into a model chunk; every parameter must be covered exactly once."""
+def load_mcore_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor], keep_init: tuple = ()) -> None:
+    """Copy a chunk-local state dict into a model chunk; every parameter must be covered exactly once, except
+    those under a ``keep_init`` prefix (e.g. a critic's fresh value head), which may be absent."""
     params = {strip_wrapper_prefix(n): p for n, p in module.named_parameters()}
-    missing = sorted(set(params) - set(state))
+    missing = sorted(n for n in set(params) - set(state) if not n.startswith(tuple(keep_init)))
     extra = sorted(set(state) - set(params))
     if missing or extra:
         raise KeyError(f"mcore state does not match the model: missing {missing[:8]}, unexpected {extra[:8]}")
     for name, p in params.items():
+        if name not in state:
+            continue
         src = state[name]
         if tuple(src.shape) != tuple(p.shape):
             raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != parameter shape {tuple(p.shape)}")
