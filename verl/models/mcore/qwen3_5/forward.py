@@ -69,7 +69,8 @@ def hidden_to_log_probs(model, hidden: torch.Tensor, labels: torch.Tensor, tempe
     labels_sb = labels.transpose(0, 1)  # [S, B]
 
     def chunk_fn(h, lab):
-        logits = torch.nn.functional.linear(h, weight)
+        # Float16Module hands the last stage's output back in fp32; the head runs in the weight's dtype
+        logits = torch.nn.functional.linear(h.to(weight.dtype), weight)
         if temperature != 1.0:
             logits = logits / temperature
         lp, ent = vocab_parallel_log_probs(logits, lab, calculate_entropy=calculate_entropy)

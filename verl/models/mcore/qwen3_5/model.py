@@ -56,8 +56,9 @@ class Qwen35Model(LanguageModule):
             )
         rot_dim = int(config.kv_channels * config.rotary_percent)
         rot_dim -= rot_dim % 2
-        inv_freq = 1.0 / (config.rotary_base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # Not a buffer: Float16Module casts buffers to bf16, which would put whole radians of error into the
+        # angles of late positions. Kept in fp32 and moved to the input's device on use.
+        self._inv_freq = 1.0 / (config.rotary_base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
         self.decoder = TransformerBlock(
             config=config, spec=decoder_block_spec(config, vp_stage), pre_process=pre_process,
             post_process=post_process, pg_collection=self.pg_collection, vp_stage=vp_stage,
@@ -88,7 +89,9 @@ class Qwen35Model(LanguageModule):
                 raise NotImplementedError("the Megatron Qwen3.5 model trains on text; image/video mRoPE positions "
                                           "are not supported")
             position_ids = position_ids[0]
-        freqs = position_ids.to(self.inv_freq.device).float()[..., None] * self.inv_freq  # [B, S, rot/2]
+        if self._inv_freq.device != position_ids.device:
+            self._inv_freq = self._inv_freq.to(position_ids.device)
+        freqs = position_ids.float()[..., None] * self._inv_freq  # [B, S, rot/2], fp32
         emb = torch.cat((freqs, freqs), dim=-1).transpose(0, 1).unsqueeze(2)  # [S, B, 1, rot]
         return torch.stack((emb.cos(), emb.sin())).to(dtype)
 
