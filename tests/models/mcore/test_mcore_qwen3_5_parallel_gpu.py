@@ -1,0 +1,143 @@
+"""Tensor / sequence / expert parallelism of the megatron-core Qwen3.5 model against Hugging Face, on 2 GPUs.
+
+Each rank loads its shard through the weight converter; one packed forward + backward of the fused log-prob
+(and entropy) loss must give HF's log-probs, and the gradients, after megatron-core's own TP reduction of
+replicated parameters (``finalize_model_grads``' rules, reproduced here without DDP) and a gather back to HF
+names, must equal HF's. Needs 2 GPUs (marker ``gpu``; skipped otherwise). ``MCORE_PARALLEL_DEVICE=cpu`` runs the
+configurations without sequence parallelism on CPU with gloo (where megatron-core imports).
+"""
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = os.environ.get("MCORE_PARALLEL_DEVICE", "cuda")
+if DEVICE == "cuda" and torch.cuda.device_count() < 2:  # pragma: no cover - needs 2 GPUs
+    pytest.skip("needs 2 GPUs", allow_module_level=True)
+pytest.importorskip("megatron.core", reason="needs megatron-core (the mcore extra)")
+
+LENGTHS = [37, 5, 64, 20]  # 126 tokens: divisible by 2 for sequence parallelism
+
+
+def _worker(rank, path, tp, ep, sp, out_file, port):
+    import torch.distributed as dist
+
+    if DEVICE == "cpu":
+        torch.set_num_threads(1)
+    else:
+        torch.cuda.set_device(rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", rank=rank, world_size=2)
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+    from transformers import AutoConfig
+
+    import mcore_parity as mp
+    from verl.models.mcore.registry import get_mcore_forward_fn, hf_to_mcore_config, init_mcore_model
+    from verl.models.mcore.weight_converter import (
+        ParallelLayout, global_mcore_name, is_expert_param, load_mcore_state, mcore_state_for_rank, partition_dim,
+        safetensors_getter, to_hf_stream,
+    )
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    if DEVICE == "cuda":
+        tensor_parallel.model_parallel_cuda_manual_seed(0)
+    cfg = AutoConfig.from_pretrained(path)
+    extra = {} if DEVICE == "cuda" else dict(moe_token_dispatcher_type="allgather", variable_seq_lengths=False)
+    tfc = hf_to_mcore_config(cfg, torch.float32, use_cpu_initialization=DEVICE == "cpu",
+                             tensor_model_parallel_size=tp, expert_model_parallel_size=ep, sequence_parallel=sp,
+                             **extra)
+    model = init_mcore_model(tfc, cfg).to(DEVICE)
+    layout = ParallelLayout(tp=tp, ep=ep)
+    load_mcore_state(model, mcore_state_for_rank(
+        safetensors_getter(path), cfg, layout, tp_rank=ps.get_tensor_model_parallel_rank(),
+        ep_rank=ps.get_expert_model_parallel_rank(), etp_rank=ps.get_expert_tensor_parallel_rank()))
+    _, ids, pos, cu, params = mp.packed_batch(LENGTHS, 30, 120, DEVICE)
+    out = get_mcore_forward_fn(cfg)(model, ids, pos, packed_seq_params=params, labels=torch.roll(ids, -1, 1),
+                                    calculate_entropy=True)
+    (-out["log_probs"].sum() + 0.1 * out["entropy"].sum()).backward()
+
+    tpg, epg, etpg = (ps.get_tensor_model_parallel_group(), ps.get_expert_model_parallel_group(),
+                      ps.get_expert_tensor_parallel_group())
+    grads = []
+    for name, p in model.named_parameters():
+        g = p.grad.detach().clone()
+        expert = is_expert_param(name)
+        dim = partition_dim(name, cfg)
+        # megatron-core's finalize_model_grads: replicated params seeing other tokens (sequence parallel) or
+        # other heads (q/k layernorm) are summed over the tensor group
+        if tpg.size() > 1 and dim is None and (
+            (sp and getattr(p, "sequence_parallel", False)) or "q_layernorm" in name or "k_layernorm" in name
+        ):
+            dist.all_reduce(g, group=tpg)
+        group = etpg if expert else tpg
+        if dim is not None and group.size() > 1:
+            parts = [torch.empty_like(g) for _ in range(group.size())]
+            dist.all_gather(parts, g.contiguous(), group=group)
+            g = torch.cat(parts, dim)
+        if expert and epg.size() > 1:
+            shards = [None] * epg.size()
+            dist.all_gather_object(shards, (name, g.cpu()), group=epg)
+            # every expert rank fed the same batch, so each expert saw each token once per rank
+            grads += [(global_mcore_name(n, cfg, layout, ep_rank=r), t / epg.size()) for r, (n, t) in enumerate(shards)]
+        else:
+            grads.append((global_mcore_name(name, cfg, layout), g.cpu()))
+    if rank == 0:
+        hf = dict(to_hf_stream(grads, cfg, tp_size=tp, etp_size=etpg.size(), expert_format="fused"))
+        torch.save((out["log_probs"].detach().cpu(), hf), out_file)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+CASES = [("dense", 2, 1, False), ("dense", 2, 1, True), ("moe", 2, 1, True), ("moe", 1, 2, False), ("moe", 2, 2, True)]
+
+
+@pytest.mark.parametrize("kind,tp,ep,sp", CASES, ids=[f"{k}-tp{t}-ep{e}-sp{int(s)}" for k, t, e, s in CASES])
+def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
+    if tp * ep > 2 and ep > 1 and tp > 1:
+        pytest.skip("tp 2 x ep 2 needs 4 ranks")  # kept in CASES to document the layout; 2 GPUs run the rest
+    if DEVICE == "cpu" and sp:
+        pytest.skip("sequence parallelism needs CUDA RNG state")
+    import torch.multiprocessing as tmp
+    import transformers as tf
+
+    import mcore_parity as mp
+    from verl.models.tiny import build_tiny_qwen3_5
+
+    path = tempfile.mkdtemp()
+    build_tiny_qwen3_5(path, kind=kind, seed=3, with_tokenizer=False,
+                       **({"tie_word_embeddings": False} if kind == "moe" else {}))
+    out_file = os.path.join(path, "result.pt")
+    ctx = tmp.get_context("spawn")
+    port = 29600 + os.getpid() % 300
+    procs = [ctx.Process(target=_worker, args=(r, path, tp, ep, sp, out_file, port)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    log_probs, grads = torch.load(out_file)
+
+    seqs, ids, _, cu, _ = mp.packed_batch(LENGTHS, 30, 120, "cpu")
+    hf = getattr(tf, tf.AutoConfig.from_pretrained(path).architectures[0]).from_pretrained(path, dtype=torch.float32)
+    labels, bounds, worst_lp, loss = torch.roll(ids, -1, 1)[0], cu.tolist(), 0.0, 0.0
+    for s, (a, b) in zip(seqs, zip(bounds[:-1], bounds[1:])):
+        logp = torch.log_softmax(hf(input_ids=s[None]).logits[0].float(), -1)
+        picked = logp.gather(-1, labels[a:b, None])[:, 0]  # packed labels: the last one wraps, as in mcore
+        worst_lp = max(worst_lp, (picked[:-1] - log_probs[0, a : b - 1]).abs().max().item())
+        loss = loss - picked.sum() + 0.1 * (-(logp.exp() * logp).sum(-1)).sum()
+    loss.backward()
+    ref = {n: p.grad for n, p in hf.named_parameters()}
+    assert set(grads) == set(ref)
+    rel = {n: ((grads[n] - g).norm() / g.norm().clamp_min(1e-12)).item() for n, g in ref.items()}
+    worst = max(rel.items(), key=lambda kv: kv[1])
+    print(f"[mcore parallel] {kind} tp{tp} ep{ep} sp{int(sp)}: max |dlogp| {worst_lp:.2e}; worst relative L2 grad "
+          f"{worst[0]} {worst[1]:.2e}")
+    assert worst_lp <= 1e-4
+    # fla (CUDA) computes the decay-gate grads less precisely than the rest; see test_mcore_qwen3_5_gpu.py
+    bound = 5e-2 if DEVICE == "cuda" else 1e-2
+    assert worst[1] <= bound
