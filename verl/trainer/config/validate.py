@@ -466,6 +466,14 @@ def _check_reward(c: _Checker) -> None:
                                               f"({current!r}); keep only the latter.")
 
 
+def _check_megatron(c: _Checker) -> None:
+    """Roles on strategy=megatron: engine settings, parallel sizes against the model, unsupported features.
+    The rules live with the engine (no megatron-core import)."""
+    from verl.workers.engine.megatron.validation import megatron_problems
+
+    c.problems.extend(megatron_problems(c.cfg))
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Check a composed trainer config; raise :class:`ConfigValidationError` listing every problem.
 
@@ -481,6 +489,7 @@ def validate_config(cfg: DictConfig) -> None:
     _check_ref(c)
     _check_rollout(c, world)
     _check_critic(c, world)
+    _check_megatron(c)
     _check_reward(c)
     for note in c.notes:
         warnings.warn(note, ConfigWarning, stacklevel=2)
