@@ -240,7 +240,8 @@ def test_vocab_parallel_two_ranks_match_the_full_softmax():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = mp.Manager().dict()
-    mp.spawn(_tp_worker, args=(2, port, out), nprocs=2, join=True)
+    # fork: the children need nothing re-imported (spawn would re-import torch and verl in each)
+    mp.start_processes(_tp_worker, args=(2, port, out), nprocs=2, join=True, start_method="fork")
     g = torch.Generator().manual_seed(0)
     full = torch.randn(3, 4, 16, generator=g).requires_grad_(True)
     labels = torch.randint(0, 16, (3, 4), generator=g)
