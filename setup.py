@@ -23,7 +23,7 @@ extras = {
     "gpu": ["flash-linear-attention>=0.5.2", "fla-core>=0.5.2"],
     "vllm": ["vllm>=0.18.0,<=0.33.0"],
     "sglang": ["sglang[srt]>=0.5.8"],
-    "mcore": ["megatron-core>=0.18", "mbridge"],
+    "mcore": ["megatron-core>=0.18"],
     "tensorboard": ["tensorboard"],
     "wandb": ["wandb"],
 }

@@ -1,0 +1,114 @@
+"""HF config -> megatron-core TransformerConfig kwargs, parallel-size checks and the mcore model registry
+(pure: no megatron-core needed)."""
+
+import pytest
+import torch
+
+from verl.models.mcore import registry as mreg
+from verl.models.mcore.config_converter import check_parallel_sizes, qwen3_5_transformer_config_kwargs
+from verl.models.tiny import build_tiny_qwen3_5
+
+
+@pytest.fixture(scope="module")
+def configs():
+    return {kind: build_tiny_qwen3_5(None, kind=kind, with_tokenizer=False).config
+            for kind in ("dense", "moe", "vl", "vl_moe")}
+
+
+def test_mcore_dense_config(configs):
+    cfg = configs["dense"]
+    kw = qwen3_5_transformer_config_kwargs(cfg, torch.bfloat16, tensor_model_parallel_size=2)
+    assert kw["num_layers"] == 4 and kw["hidden_size"] == 64 and kw["ffn_hidden_size"] == 128
+    assert kw["num_attention_heads"] == 4 and kw["num_query_groups"] == 2 and kw["kv_channels"] == 16
+    assert kw["linear_attention_freq"] == [1, 1, 1, 0]
+    assert (kw["linear_num_key_heads"], kw["linear_num_value_heads"]) == (2, 4)
+    assert (kw["linear_key_head_dim"], kw["linear_value_head_dim"], kw["linear_conv_kernel_dim"]) == (16, 16, 4)
+    assert kw["rotary_percent"] == 0.25 and kw["rotary_base"] == 10000.0
+    assert kw["layernorm_zero_centered_gamma"] and kw["qk_layernorm"] and kw["attention_output_gate"]
+    assert kw["normalization"] == "RMSNorm" and kw["layernorm_epsilon"] == 1e-6 and kw["gated_linear_unit"]
+    assert kw["bf16"] and kw["params_dtype"] == torch.bfloat16 and not kw["fp16"]
+    assert kw["tensor_model_parallel_size"] == 2
+    assert "num_moe_experts" not in kw
+
+
+def test_mcore_moe_and_vl_configs(configs):
+    moe = qwen3_5_transformer_config_kwargs(configs["moe"])
+    assert moe["num_moe_experts"] == 4 and moe["moe_router_topk"] == 2 and moe["moe_ffn_hidden_size"] == 32
+    assert moe["moe_shared_expert_intermediate_size"] == 32 and moe["moe_shared_expert_gate"]
+    assert moe["moe_router_score_function"] == "softmax" and not moe["moe_router_pre_softmax"]
+    # VL checkpoints convert from their text sub-config
+    vl = qwen3_5_transformer_config_kwargs(configs["vl_moe"])
+    assert vl["num_moe_experts"] == 4 and vl["hidden_size"] == 64 and vl["linear_attention_freq"] == [1, 1, 1, 0]
+    assert "num_moe_experts" not in qwen3_5_transformer_config_kwargs(configs["vl"])
+
+
+def test_mcore_config_refuses_architecture_overrides(configs):
+    with pytest.raises(ValueError, match=r"override_transformer_config may not change \['num_layers'\]"):
+        qwen3_5_transformer_config_kwargs(configs["dense"], num_layers=8)
+    # a consistent value and non-architecture keys are fine
+    kw = qwen3_5_transformer_config_kwargs(configs["dense"], num_layers=4, recompute_granularity="full")
+    assert kw["recompute_granularity"] == "full"
+
+
+def test_mcore_parallel_size_messages(configs):
+    dense, moe = configs["dense"], configs["moe"]
+    assert check_parallel_sizes(dense, tp=2, pp=2) == []
+    assert check_parallel_sizes(moe, tp=2, pp=4, ep=4, sequence_parallel=True) == []
+    msgs = check_parallel_sizes(dense, tp=8)
+    assert any("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8 does not divide num_attention_heads"
+               in m for m in msgs)
+    assert any("num_key_value_heads" in m for m in msgs) and any("linear_num_key_heads" in m for m in msgs)
+    (m,) = check_parallel_sizes(dense, pp=3)
+    assert "pipeline_model_parallel_size" in m and "num_hidden_layers (4)" in m
+    (m,) = check_parallel_sizes(dense, pp=2, vpp=4)
+    assert m.startswith("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size")
+    (m,) = check_parallel_sizes(moe, ep=3)
+    assert "expert_model_parallel_size=3 does not divide num_experts (4)" in m
+    (m,) = check_parallel_sizes(dense, ep=2)
+    assert "needs a MoE model" in m
+    (m,) = check_parallel_sizes(moe, tp=2, ep=2, sequence_parallel=False)
+    assert "sequence_parallel" in m
+    (m,) = check_parallel_sizes(dense, cp=2)
+    assert "context_parallel_size=2" in m
+    (m,) = check_parallel_sizes(moe, etp=3)
+    assert "expert_tensor_parallel_size=3 does not divide moe_intermediate_size (32)" in m
+    (m,) = check_parallel_sizes(dense, tp=2, key_prefix="critic.megatron", pp=3)
+    assert m.startswith("critic.megatron.pipeline_model_parallel_size")
+
+
+def test_mcore_registry_lookup(configs):
+    assert mreg.get_supported_model(configs["dense"]) is mreg.SupportedModel.QWEN3_5
+    assert mreg.get_supported_model(configs["vl_moe"]) is mreg.SupportedModel.QWEN3_5_MOE_VL
+    assert mreg.transformer_config_kwargs(configs["moe"])["num_moe_experts"] == 4
+    conv = mreg.get_mcore_weight_converter(configs["moe"])
+    assert callable(conv.mcore_to_hf) and callable(conv.mcore_state_for_rank)
+    # a model without a registration gets a message naming what to do
+    other = type("Cfg", (), {"architectures": ["LlamaForCausalLM"], "model_type": "llama"})()
+    with pytest.raises(ValueError, match="register_mcore_model"):
+        mreg.get_supported_model(other)
+
+
+def test_mcore_register_one_model(configs):
+    key = "TinyTestForCausalLM"
+    try:
+        mreg.register_mcore_model(key, config_converter=lambda cfg, dtype, **o: {"num_layers": 1, **o},
+                                  initializer="nowhere.build", forward="nowhere.forward", weight_converter=object())
+        cfg = type("Cfg", (), {"architectures": [key], "model_type": "tiny"})()
+        assert mreg.get_supported_model(cfg) == key
+        assert mreg.transformer_config_kwargs(cfg, hidden_size=8) == {"num_layers": 1, "hidden_size": 8}
+        with pytest.raises(ImportError, match=r"pip install -e \.\[mcore\]"):
+            mreg.get_mcore_forward_fn(cfg)
+    finally:
+        for reg in (mreg.CONFIG_CONVERTERS, mreg.MODEL_INITIALIZERS, mreg.FORWARD_FNS, mreg.WEIGHT_CONVERTERS):
+            reg.pop(key, None)
+            reg.extras.pop(key, None)
+
+
+def test_mcore_model_needs_the_extra(configs):
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"pip install -e \.\[mcore\]"):
+            mreg.init_mcore_model(None, configs["dense"])
+    else:
+        pytest.skip("megatron-core is installed here")

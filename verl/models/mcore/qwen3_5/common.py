@@ -1,0 +1,93 @@
+"""Pieces both Qwen3.5 mixers use: the zero-centred RMSNorm, rotary helpers, packed-sequence bookkeeping and a
+backward all-reduce for weights that are replicated over tensor ranks but see only local heads."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.transformer.module import MegatronModule
+
+
+class ZeroCenteredRMSNorm(torch.nn.Module):
+    """Qwen3.5's RMSNorm: ``x / rms(x) * (1 + w)`` computed in fp32, cast back (w is stored zero-centred).
+
+    Built by megatron-core's layer builders as ``norm(config=..., hidden_size=..., eps=...)``.
+    """
+
+    def __init__(self, config=None, hidden_size: int = 0, eps: float = 1e-6):
+        super().__init__()
+        dtype = getattr(config, "params_dtype", torch.float32) if config is not None else torch.float32
+        self.weight = torch.nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+        self.eps = eps
+        # Under sequence parallelism each tensor rank normalises different tokens: megatron-core sums the
+        # grads of parameters flagged like this over the tensor group.
+        self.weight.sequence_parallel = bool(getattr(config, "sequence_parallel", False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class _SumGradOverTP(torch.autograd.Function):
+    """Identity forward; backward sums the grad over the tensor group (a weight shared by heads that are split
+    over tensor ranks gets a partial grad on each rank)."""
+
+    @staticmethod
+    def forward(ctx, weight, group):
+        ctx.group = group
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def tp_shared_weight(weight: torch.Tensor, tp_group) -> torch.Tensor:
+    if tp_group is None or tp_group.size() == 1 or not torch.is_grad_enabled():
+        return weight
+    return _SumGradOverTP.apply(weight, tp_group)
+
+
+def tp_group_of(module: MegatronModule, pg_collection=None):
+    if pg_collection is not None and getattr(pg_collection, "tp", None) is not None:
+        return pg_collection.tp
+    return parallel_state.get_tensor_model_parallel_group()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` channels of every head (non-interleaved halves); pass the rest."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    x_rot = x_rot * cos + rotate_half(x_rot) * sin
+    return torch.cat((x_rot, x_pass), dim=-1)
+
+
+def packed_cu_seqlens(packed_seq_params) -> Optional[torch.Tensor]:
+    """Boundaries of the sequences in a THD batch as laid out in memory (padded boundaries when given)."""
+    if packed_seq_params is None:
+        return None
+    cu = getattr(packed_seq_params, "cu_seqlens_q_padded", None)
+    if cu is None:
+        cu = packed_seq_params.cu_seqlens_q
+    return cu
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gated DeltaNet output norm: RMS-normalise in fp32, scale by ``weight`` (plain, not zero-centred) in the
+    input dtype, multiply by silu(gate) in fp32 (Qwen3.5's order of casts)."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * xf.to(dtype)
+    return (out * F.silu(gate.float())).to(dtype)

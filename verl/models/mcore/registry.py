@@ -1,0 +1,139 @@
+"""Which checkpoints the Megatron backend builds, and how: one registration per architecture.
+
+Four registries, keyed by :class:`SupportedModel` (or, for models added outside this package, by the
+checkpoint's architecture string), hold what the Megatron engine needs per model:
+
+* ``CONFIG_CONVERTERS``: HF config -> ``TransformerConfig`` keyword arguments (pure, no megatron import);
+* ``MODEL_INITIALIZERS``: ``(tfconfig, hf_config, pre_process, post_process, share_embeddings_and_output_weights,
+  value, vp_stage) -> torch.nn.Module`` (imports megatron-core);
+* ``FORWARD_FNS``: ``fn(model, input_ids, position_ids, packed_seq_params=None, ...)``;
+* ``WEIGHT_CONVERTERS``: a module-like object with ``mcore_state_for_rank`` / ``mcore_to_hf`` / ``to_hf_stream``
+  / ``global_mcore_name`` / ``gather_tp`` / ``partition_dim`` (see :mod:`verl.models.mcore.weight_converter`).
+
+:func:`register_mcore_model` fills all four at once; entries may be dotted import paths, resolved on first
+use, so this module imports without megatron-core. See ``docs/advance/megatron_extension.md``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Callable, Optional, Union
+
+from verl.models.mcore import weight_converter as _qwen3_5_weights
+from verl.models.mcore.config_converter import build_transformer_config, check_parallel_sizes
+from verl.utils.registry import Registry
+
+__all__ = [
+    "SupportedModel", "CONFIG_CONVERTERS", "MODEL_INITIALIZERS", "FORWARD_FNS", "WEIGHT_CONVERTERS",
+    "register_mcore_model", "get_supported_model", "hf_to_mcore_config", "init_mcore_model", "get_mcore_forward_fn",
+    "get_mcore_weight_converter", "check_parallel_sizes",
+]
+
+
+class SupportedModel(str, Enum):
+    """Architectures (``config.architectures[0]``) the Megatron backend builds out of the box."""
+
+    QWEN3_5 = "Qwen3_5ForCausalLM"
+    QWEN3_5_MOE = "Qwen3_5MoeForCausalLM"
+    QWEN3_5_VL = "Qwen3_5ForConditionalGeneration"  # trained on text: the vision tower is not built
+    QWEN3_5_MOE_VL = "Qwen3_5MoeForConditionalGeneration"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_KEY = "actor_rollout_ref.model.path (its config.json architectures)"
+CONFIG_CONVERTERS = Registry("megatron config converter", config_key=_KEY)
+MODEL_INITIALIZERS = Registry("megatron model initializer", config_key=_KEY)
+FORWARD_FNS = Registry("megatron forward function", config_key=_KEY)
+WEIGHT_CONVERTERS = Registry("megatron weight converter", config_key=_KEY)
+_ALL = (CONFIG_CONVERTERS, MODEL_INITIALIZERS, FORWARD_FNS, WEIGHT_CONVERTERS)
+
+ModelKey = Union[SupportedModel, str]
+
+
+def register_mcore_model(
+    key: ModelKey,
+    *,
+    config_converter: Any,
+    initializer: Any,
+    forward: Any,
+    weight_converter: Any,
+    override: bool = False,
+) -> ModelKey:
+    """Register everything the Megatron engine needs for one architecture (objects or dotted paths)."""
+    for reg, obj in zip(_ALL, (config_converter, initializer, forward, weight_converter)):
+        reg.register(key, obj, override=override)
+        reg.extras[key] = "mcore"
+    return key
+
+
+_QWEN = "verl.models.mcore"
+for _model in SupportedModel:
+    register_mcore_model(
+        _model,
+        config_converter=f"{_QWEN}.config_converter.qwen3_5_transformer_config_kwargs",
+        initializer=f"{_QWEN}.qwen3_5.model.build_qwen3_5_model",
+        forward=f"{_QWEN}.qwen3_5.forward.qwen3_5_forward",
+        weight_converter=_qwen3_5_weights,
+    )
+
+
+def get_supported_model(hf_config) -> ModelKey:
+    """The registry key of a checkpoint: its declared architecture, else its ``model_type`` (Qwen3.5 family)."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    for arch in archs:
+        for reg_key in CONFIG_CONVERTERS:
+            if str(reg_key) == arch:
+                return reg_key
+    from verl.models.registry import get_model_spec
+
+    spec = get_model_spec(hf_config)
+    for reg_key in CONFIG_CONVERTERS:
+        if str(reg_key) == spec.architecture:
+            return reg_key
+    raise ValueError(
+        f"the Megatron backend has no model for architectures={archs} "
+        f"(model_type={getattr(hf_config, 'model_type', None)!r}); registered: "
+        f"{', '.join(str(k) for k in CONFIG_CONVERTERS)}. Add one with "
+        "verl.models.mcore.registry.register_mcore_model (docs/advance/megatron_extension.md) or train it with "
+        "actor_rollout_ref.actor.strategy=fsdp2"
+    )
+
+
+def _get(reg: Registry, hf_config) -> Any:
+    key = get_supported_model(hf_config)
+    obj = reg.get_or_raise(key)
+    return obj
+
+
+def transformer_config_kwargs(hf_config, dtype=None, **override_transformer_config) -> dict:
+    """TransformerConfig kwargs (pure: no megatron import)."""
+    return _get(CONFIG_CONVERTERS, hf_config)(hf_config, dtype, **override_transformer_config)
+
+
+def hf_to_mcore_config(hf_config, dtype=None, **override_transformer_config):
+    """HF config -> megatron-core ``TransformerConfig`` (parallel sizes etc. come in the overrides)."""
+    return build_transformer_config(transformer_config_kwargs(hf_config, dtype, **override_transformer_config))
+
+
+def init_mcore_model(tfconfig, hf_config, pre_process: bool = True, post_process: bool = True,
+                     share_embeddings_and_output_weights: Optional[bool] = None, value: bool = False,
+                     vp_stage: Optional[int] = None):
+    """Build one model chunk. ``share_embeddings_and_output_weights=None`` follows the checkpoint's
+    ``tie_word_embeddings``; ``value=True`` swaps the LM head for a 1-output value head (critic)."""
+    from verl.models.mcore import require_megatron
+
+    require_megatron()
+    build = _get(MODEL_INITIALIZERS, hf_config)
+    return build(tfconfig, hf_config, pre_process=pre_process, post_process=post_process,
+                 share_embeddings_and_output_weights=share_embeddings_and_output_weights, value=value,
+                 vp_stage=vp_stage)
+
+
+def get_mcore_forward_fn(hf_config) -> Callable:
+    return _get(FORWARD_FNS, hf_config)
+
+
+def get_mcore_weight_converter(hf_config):
+    return _get(WEIGHT_CONVERTERS, hf_config)
