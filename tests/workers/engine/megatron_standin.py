@@ -38,7 +38,9 @@ def _init_model(tfconfig, hf_config, pre_process, post_process, share_embeddings
                     position_embedding_type="rope", vp_stage=vp_stage)
 
 
-def _forward(model, input_ids, position_ids, packed_seq_params=None, attention_mask=None):
+def _forward(model, input_ids, position_ids, packed_seq_params=None, attention_mask=None, labels=None,
+             temperature=1.0, calculate_entropy=False, chunk_size=None):
+    """The registry forward contract: logits without ``labels``; with them {"log_probs", "entropy"?} (TP 1)."""
     if packed_seq_params is not None:
         raise ValueError("the stand-in's local attention takes padded batches only")
     valid = attention_mask.bool()
@@ -46,7 +48,14 @@ def _forward(model, input_ids, position_ids, packed_seq_params=None, attention_m
     causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=input_ids.device))
     allowed = causal[None] & valid[:, None, :]
     allowed = allowed | torch.eye(length, dtype=torch.bool, device=input_ids.device)[None]  # pad rows see self
-    return model(input_ids, position_ids, (~allowed).unsqueeze(1))
+    logits = model(input_ids, position_ids, (~allowed).unsqueeze(1))
+    if labels is None:
+        return logits
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    out = {"log_probs": logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)}
+    if calculate_entropy:
+        out["entropy"] = -(logp.exp() * logp).sum(-1)
+    return out
 
 
 def install() -> None:

@@ -1,19 +1,15 @@
 """The Megatron engine's CPU seams: config composition with upstream-style overrides, validation messages
-before any worker starts, the lazy-import error, settings, THD packing and the vocab-parallel statistics."""
+before any worker starts, the lazy-import error, settings and THD packing."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from verl.workers.engine.megatron.packing import next_token_labels, pack_thd, unpack_thd
 from verl.workers.engine.megatron.settings import read_settings, settings_problems
-from verl.workers.engine.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
 
 A = "actor_rollout_ref.actor"
 M = A + ".megatron"
@@ -196,60 +192,3 @@ def test_pack_thd_mrope_positions():
     pos = torch.stack([torch.arange(3)] * 3).unsqueeze(0).repeat(2, 1, 1)  # (B, C=3, L)
     packed = pack_thd(ids, mask, pos, align=2)
     assert packed.position_ids.shape == (3, 1, 6)
-
-
-# ------------------------------------------------------------------------------------------ vocab parallel
-def _reference(logits, labels, temperature):
-    logp = torch.log_softmax(logits.float() / temperature, -1)
-    return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
-
-
-@pytest.mark.parametrize("chunk", [None, 3])
-def test_vocab_parallel_single_rank_matches_softmax(chunk):
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(2, 5, 13, generator=g, requires_grad=True)
-    labels = torch.randint(0, 13, (2, 5), generator=g)
-    lp, ent = vocab_parallel_log_probs_and_entropy(logits, labels, temperature=0.7, calculate_entropy=True,
-                                                   chunk_size=chunk)
-    ref_lp, ref_ent = _reference(logits, labels, 0.7)
-    torch.testing.assert_close(lp, ref_lp)
-    torch.testing.assert_close(ent, ref_ent)
-    g1 = torch.autograd.grad((lp * 0.3 + ent).sum(), logits)[0]
-    g2 = torch.autograd.grad((ref_lp * 0.3 + ref_ent).sum(), logits)[0]
-    torch.testing.assert_close(g1, g2)
-
-
-def _tp_worker(rank, world, port, out):
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    g = torch.Generator().manual_seed(0)
-    full = torch.randn(3, 4, 16, generator=g)
-    labels = torch.randint(0, 16, (3, 4), generator=g)
-    shard = full.chunk(world, -1)[rank].clone().requires_grad_(True)
-    lp, ent = vocab_parallel_log_probs_and_entropy(shard, labels, tp_group=dist.group.WORLD, temperature=1.3,
-                                                   calculate_entropy=True)
-    grad = torch.autograd.grad((lp * 0.5 + ent).sum(), shard)[0]
-    out[rank] = (lp.detach(), ent.detach(), grad)
-    dist.destroy_process_group()
-
-
-def test_vocab_parallel_two_ranks_match_the_full_softmax():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = mp.Manager().dict()
-    # fork: the children need nothing re-imported (spawn would re-import torch and verl in each)
-    mp.start_processes(_tp_worker, args=(2, port, out), nprocs=2, join=True, start_method="fork")
-    g = torch.Generator().manual_seed(0)
-    full = torch.randn(3, 4, 16, generator=g).requires_grad_(True)
-    labels = torch.randint(0, 16, (3, 4), generator=g)
-    ref_lp, ref_ent = _reference(full, labels, 1.3)
-    ref_grad = torch.autograd.grad((ref_lp * 0.5 + ref_ent).sum(), full)[0]
-    for rank in range(2):
-        lp, ent, grad = out[rank]
-        torch.testing.assert_close(lp, ref_lp.detach())
-        torch.testing.assert_close(ent, ref_ent.detach())
-        # each rank's gradient is the full gradient of its own vocabulary slice
-        torch.testing.assert_close(grad, ref_grad.chunk(2, -1)[rank])

@@ -72,13 +72,11 @@ def build_model_chunks(tfconfig, hf_config, init_fn: Callable, s: MegatronSettin
         post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
         model = init_fn(tfconfig, hf_config, pre_process=pre, post_process=post,
                         share_embeddings_and_output_weights=tie_embeddings, value=value, vp_stage=stage)
+        # Built directly in the training dtype (params_dtype): no Float16Module, whose fp32 cast of the last
+        # stage's output would also hit the final hidden states the log-prob path reads. The distributed
+        # optimizer keeps fp32 master weights.
         model.cuda(torch.cuda.current_device())
         chunks.append(model)
-    if tfconfig.bf16 or tfconfig.fp16:
-        from megatron.core.transformer.module import Float16Module
-
-        # Weights in bf16, inputs cast on the first stage, outputs back to fp32 on the last.
-        chunks = [Float16Module(tfconfig, m) for m in chunks]
     return chunks
 
 

@@ -24,7 +24,6 @@ from verl.workers.engine.base import BaseEngine, LossFn
 from . import build
 from .packing import next_token_labels, pack_thd, unpack_thd
 from .settings import MegatronSettings, read_settings, require_mcore
-from .vocab_parallel import vocab_parallel_log_probs_and_entropy
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +239,7 @@ class MegatronEngine(BaseEngine):
         metrics: list[dict] = []
 
         def loss_func(mb: dict, packed, index: int, output: torch.Tensor):
-            outs = self._token_outputs(output, mb, packed, temperature, want)
+            outs = self._token_outputs(output, packed)
             collected.append((index, {k: v.detach() for k, v in outs.items()}))
             if loss_fn is None:
                 return output.new_zeros(()), {}
@@ -255,7 +254,7 @@ class MegatronEngine(BaseEngine):
         def forward_step(data_iterator, model):
             index = next(data_iterator)  # every model chunk walks the micro-batches in order
             mb = micro[index]
-            output, packed = self._model_forward(model, mb)
+            output, packed = self._model_forward(model, mb, temperature, want)
             return output, partial(loss_func, mb, packed, index)
 
         single = len(self.model) == 1
@@ -270,37 +269,41 @@ class MegatronEngine(BaseEngine):
         result = self._assemble(collected, groups, data, want)
         return self._broadcast_from_last_stage({"outputs": result, "metrics": _accumulate(metrics)})
 
-    def _model_forward(self, model, mb: dict):
+    def _model_forward(self, model, mb: dict, temperature: float, want: set):
+        """One micro-batch through one model chunk. On the last stage a policy returns {"log_probs",
+        "entropy"?} per token (the model's forward computes them from the final hidden states a chunk of
+        tokens at a time, reducing the softmax over the TP ranks: the vocabulary is never gathered), a value
+        model its values; other stages return hidden states for the next one."""
         s = self.settings
+        kw = {}
+        if self.role != "critic":
+            kw = dict(temperature=temperature, calculate_entropy="entropy" in want, chunk_size=s.entropy_chunk_size)
         if s.use_remove_padding:
             align = s.tp if s.sequence_parallel else 1
             packed = pack_thd(mb["input_ids"], mb["attention_mask"], mb["position_ids"], align=align)
+            if self.role != "critic":
+                kw["labels"] = packed.labels
             output = self.forward_fn(model, packed.input_ids, packed.position_ids,
-                                     packed_seq_params=packed.packed_seq_params())
+                                     packed_seq_params=packed.packed_seq_params(), **kw)
             return output, packed
-        output = self.forward_fn(model, mb["input_ids"], mb["position_ids"], packed_seq_params=None,
-                                 attention_mask=mb["attention_mask"])
+        position_ids = mb["position_ids"]
+        if position_ids.dim() == 3:  # (B, C, L) mRoPE -> (C, B, L)
+            position_ids = position_ids.transpose(0, 1)
+        if self.role != "critic":
+            kw["labels"] = next_token_labels(mb["input_ids"], mb["attention_mask"])
+        output = self.forward_fn(model, mb["input_ids"], position_ids, packed_seq_params=None,
+                                 attention_mask=mb["attention_mask"], **kw)
         return output, None
 
-    def _token_outputs(self, output: torch.Tensor, mb: dict, packed, temperature: float, want: set) -> dict:
-        """Model output of one micro-batch -> {name: (B, L) next-token-aligned tensor}."""
-        outs = {}
+    def _token_outputs(self, output, packed) -> dict:
+        """Last-stage output of one micro-batch -> {name: (B, L) next-token-aligned float tensor}."""
         if self.role == "critic":
-            values = output.squeeze(-1).float()
-            outs["values"] = unpack_thd(values, packed) if packed is not None else values
-            return outs
-        labels = packed.labels if packed is not None else next_token_labels(mb["input_ids"], mb["attention_mask"])
-        chunk = self.settings.entropy_chunk_size if self.settings.entropy_chunking else None
-        lp, ent = vocab_parallel_log_probs_and_entropy(output, labels, tp_group=build.tp_group(),
-                                                       temperature=temperature,
-                                                       calculate_entropy="entropy" in want, chunk_size=chunk)
-        if packed is not None:
-            lp = unpack_thd(lp, packed)
-            ent = unpack_thd(ent, packed) if ent is not None else None
-        outs["log_probs"] = lp
-        if ent is not None:
-            outs["entropy"] = ent
-        return outs
+            output = {"values": output}
+        out = {}
+        for name, value in output.items():
+            value = value.float()
+            out[name] = unpack_thd(value, packed) if packed is not None else value
+        return out
 
     def _assemble(self, collected, groups, data: DataProto, want: set) -> dict:
         if not collected:

@@ -1,7 +1,7 @@
 """Weights between Hugging Face checkpoints and the Megatron engine's sharded model chunks.
 
-Loading: every rank reads only the HF tensors its own shards need (safetensors opened lazily, tensor by
-tensor) and builds its chunk-local state with the model's weight converter.
+Loading: every rank reads only the HF tensors its own shards need (safetensors read tensor by tensor) and
+builds its chunk-local state with the model's weight converter.
 
 Export (rollout weight sync, HF checkpoints): every rank walks the same ordered list of parameters; a
 parameter is gathered over its tensor (or expert-tensor) group, over the expert-parallel group for routed
@@ -12,8 +12,6 @@ tensor, in the same order, so a colocated rollout on each rank can load it.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import torch
@@ -24,37 +22,7 @@ from verl.utils.megatron_utils import unwrap_model
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import MegatronEngine
 
-__all__ = ["hf_tensor_getter", "iter_hf_weights", "load_initial_weights", "layout_of"]
-
-
-def hf_tensor_getter(path: str) -> Callable[[str], torch.Tensor]:
-    """name -> tensor from the safetensors files of an HF checkpoint directory, each file opened once and
-    each tensor read only when asked for."""
-    from safetensors import safe_open
-
-    index_file = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(index_file):
-        with open(index_file) as f:
-            where = {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
-    else:
-        single = os.path.join(path, "model.safetensors")
-        if not os.path.exists(single):
-            raise FileNotFoundError(f"{path} has no model.safetensors(.index.json): the Megatron engine loads "
-                                    "Hugging Face safetensors checkpoints")
-        with safe_open(single, framework="pt") as f:
-            where = {k: single for k in f.keys()}
-    handles: dict[str, object] = {}
-
-    def get(name: str) -> torch.Tensor:
-        file = where.get(name)
-        if file is None:
-            raise KeyError(f"{name} is missing from the Hugging Face checkpoint at {path}")
-        if file not in handles:
-            handles[file] = safe_open(file, framework="pt")
-        return handles[file].get_tensor(name)
-
-    get.names = set(where)  # type: ignore[attr-defined]
-    return get
+__all__ = ["iter_hf_weights", "load_initial_weights", "layout_of"]
 
 
 def layout_of(engine: "MegatronEngine"):
@@ -79,12 +47,14 @@ def load_initial_weights(engine: "MegatronEngine", chunks: list, path: str) -> N
         load_dist_model(chunks, s.dist_checkpointing_path)
         return
     conv = engine.converter
-    get = hf_tensor_getter(path)
+    get = conv.safetensors_getter(path)  # reads one tensor at a time, only those this rank's shards need
     layout = layout_of(engine)
     r = _ranks()
     for vp_stage, chunk in enumerate(chunks):
         state = conv.mcore_state_for_rank(get, engine.hf_config, layout, pp_rank=r["pp"], vp_stage=vp_stage,
                                           tp_rank=r["tp"], ep_rank=r["ep"], etp_rank=r["etp"])
+        if engine.role == "critic":
+            state.pop("output_layer.weight", None)  # the LM head; the critic's value head starts fresh
         params = {conv.strip_wrapper_prefix(n): p for n, p in unwrap_model(chunk).named_parameters()}
         extra = sorted(set(state) - set(params))
         missing = sorted(n for n in set(params) - set(state) if not _is_new_head(n, engine))
@@ -114,6 +84,8 @@ def _param_entries(engine: "MegatronEngine") -> list[tuple]:
     for vp_stage, chunk in enumerate(engine.model):
         for local, param in unwrap_model(chunk).named_parameters():
             local = conv.strip_wrapper_prefix(local)
+            if engine.role == "critic" and local.startswith("output_layer."):
+                continue  # the value head has no Hugging Face causal-LM counterpart
             glob = conv.global_mcore_name(local, engine.hf_config, layout, pp_rank=r["pp"], vp_stage=vp_stage,
                                           ep_rank=r["ep"])
             expert = conv.is_expert_param(glob)
@@ -186,7 +158,9 @@ def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, tor
 
 def _with_vp(engine, entries):
     """Pair each entry with its virtual stage (entries are built chunk by chunk)."""
-    counts = [sum(1 for _ in unwrap_model(c).parameters()) for c in engine.model]
+    counts = [sum(1 for n, _ in unwrap_model(c).named_parameters()
+                  if not (engine.role == "critic" and engine.converter.strip_wrapper_prefix(n).startswith("output_layer.")))
+              for c in engine.model]
     i = 0
     for vp, n in enumerate(counts):
         for e in entries[i: i + n]:
