@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
-from verl.workers.engine.base import BaseEngine, LossFn
+from verl.workers.engine.base import BaseEngine, LossFn, accumulate_metrics
 
 from . import build
 from .packing import next_token_labels, pack_thd, unpack_thd
@@ -54,13 +54,16 @@ class MegatronEngine(BaseEngine):
         if model_rp is False:
             logger.warning("model.use_remove_padding is the deprecated alias of the engine's "
                            "megatron.use_remove_padding; packing is off for this engine")
-        prefix = kwargs.pop("config_prefix", "actor_rollout_ref.actor.megatron")
+        prefix = {"ref": "actor_rollout_ref.ref.megatron", "critic": "critic.megatron"}.get(
+            role, "actor_rollout_ref.actor.megatron")
         self.settings: MegatronSettings = read_settings(engine_config, model_rp, prefix=prefix)
         self.forward_only = self.settings.forward_only or role == "ref"
         self.model: list[torch.nn.Module] = []
         self.optimizer = None
         self.lr_scheduler = None
         self._resident = {"model": True, "grad": True, "optimizer": True}
+        self._hf_rollout: Optional[torch.nn.Module] = None
+        self.processing_class = kwargs.get("processing_class")
 
     # ------------------------------------------------------------------ life cycle
     def initialize(self) -> None:
@@ -267,7 +270,7 @@ class MegatronEngine(BaseEngine):
             forward_step_func=forward_step, data_iterator=feed, model=self.model[0] if single else self.model,
             num_microbatches=n_micro, seq_length=max_len, micro_batch_size=1, forward_only=forward_only)
         result = self._assemble(collected, groups, data, want)
-        return self._broadcast_from_last_stage({"outputs": result, "metrics": _accumulate(metrics)})
+        return self._broadcast_from_last_stage({"outputs": result, "metrics": accumulate_metrics(metrics, getattr(loss_fn, "summed_metrics", ()))})
 
     def _model_forward(self, model, mb: dict, temperature: float, want: set):
         """One micro-batch through one model chunk. On the last stage a policy returns {"log_probs",
@@ -368,6 +371,25 @@ class MegatronEngine(BaseEngine):
         self.to("device", model=True, optimizer=False, grad=False)
         return iter_hf_weights(self, bucket_megabytes=bucket_megabytes)
 
+    def hf_rollout_module(self) -> torch.nn.Module:
+        """The HF module the ``hf`` rollout generates with: an HF copy of the policy (the Megatron chunks
+        cannot ``generate``), built once and kept current by :meth:`sync_hf_rollout_module`."""
+        from .weights import build_hf_module, sync_hf_module
+
+        if self._hf_rollout is None:
+            self._hf_rollout = build_hf_module(self)
+            sync_hf_module(self, self._hf_rollout)  # the engine may start from a dist checkpoint
+            self._offload_idle()
+        return self._hf_rollout
+
+    def sync_hf_rollout_module(self) -> None:
+        """Refresh the hf rollout's copy after an update or a checkpoint load (collective)."""
+        from .weights import sync_hf_module
+
+        if self._hf_rollout is not None:
+            sync_hf_module(self, self._hf_rollout)
+            self._offload_idle()
+
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: Optional[int] = None) -> None:
         from .checkpoint import save_checkpoint
 
@@ -377,20 +399,3 @@ class MegatronEngine(BaseEngine):
         from .checkpoint import load_checkpoint
 
         load_checkpoint(self, local_path)
-
-
-def _accumulate(per_micro: list[dict]) -> dict:
-    """Loss metrics per micro-batch -> one value per key, as the FSDP engine reports them."""
-    try:
-        from verl.workers.engine.base import accumulate_metrics  # the interface's own rule, when it has one
-    except ImportError:
-        accumulate_metrics = None
-    if accumulate_metrics is not None:
-        return accumulate_metrics(per_micro)
-    out: dict[str, float] = {}
-    for m in per_micro:
-        for k, v in m.items():
-            out.setdefault(k, []).append(v)
-    # Loss terms are normalised by global counts, so their per-micro-batch shares add up; ratios average.
-    return {k: (sum(v) if k.endswith(("pg_loss", "kl_loss", "entropy", "vf_loss")) else sum(v) / len(v))
-            for k, v in out.items()}

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
+import logging
+
 import torch
 import torch.distributed as dist
 
@@ -22,7 +24,9 @@ from verl.utils.megatron_utils import unwrap_model
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import MegatronEngine
 
-__all__ = ["iter_hf_weights", "load_initial_weights", "layout_of"]
+__all__ = ["build_hf_module", "iter_hf_weights", "layout_of", "load_initial_weights", "sync_hf_module"]
+
+logger = logging.getLogger(__name__)
 
 
 def layout_of(engine: "MegatronEngine"):
@@ -182,3 +186,31 @@ def iter_hf_weights(engine: "MegatronEngine", bucket_megabytes: float = 512,
                                            etp_size=etp, expert_format="fused")
     for name, tensor in stream:
         yield name, (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor)
+
+
+def build_hf_module(engine: "MegatronEngine") -> torch.nn.Module:
+    """A Hugging Face copy of the policy on this GPU, for the ``hf`` rollout (which generates with an HF
+    module), patched like the FSDP path's model; :func:`sync_hf_module` refreshes it from the Megatron shards
+    after every update. It costs one more copy of the weights per GPU (the hf rollout is for small models)."""
+    from verl.models.registry import load_hf_model
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    dtype = torch.bfloat16 if engine.settings.dtype == "bfloat16" else torch.float32
+    module = load_hf_model(engine.model_config.get("path"), dtype=dtype, for_vl=False,
+                           trust_remote_code=bool(engine.model_config.get("trust_remote_code", False)))
+    apply_monkey_patch(module)
+    return module.to(torch.device("cuda", torch.cuda.current_device())).eval()
+
+
+@torch.no_grad()
+def sync_hf_module(engine: "MegatronEngine", module: torch.nn.Module) -> None:
+    """Copy the current weights into ``module`` (collective) and prove every parameter was written once."""
+    from verl.workers.weight_sync import check_coverage
+
+    params = dict(module.named_parameters())
+    written = []
+    for name, tensor in iter_hf_weights(engine):
+        written.append(name)
+        if name in params:
+            params[name].copy_(tensor.to(params[name].dtype))
+    check_coverage(params.keys(), written)
