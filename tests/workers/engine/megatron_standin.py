@@ -9,6 +9,8 @@ import types
 import torch
 import torch.nn.functional as F
 
+from verl.protocol import DataProto
+
 VOCAB = 512
 HIDDEN = 128
 
@@ -82,3 +84,26 @@ def write_hf_config(path: str) -> str:
     LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
                 intermediate_size=256, tie_word_embeddings=False).save_pretrained(path)
     return path
+
+
+# ------------------------------------------------------------------ shared by the engine GPU tests
+def batch(seed=0, bsz=6, length=24, vocab=VOCAB, low=1, micro_batch_size=2):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(low, vocab, (bsz, length), generator=g)
+    mask = torch.ones(bsz, length, dtype=torch.long)
+    for i in range(bsz):  # left padding of varying length, as prompts arrive
+        mask[i, : i * 2] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos},
+                               meta_info={"micro_batch_size": micro_batch_size, "temperature": 1.0})
+
+
+def nll_loss(outs, mb):
+    mask = (mb["attention_mask"][:, 1:] * mb["attention_mask"][:, :-1]).float()
+    info = mb["global_batch_info"]
+    loss = -(outs["log_probs"][:, :-1] * mask).sum() / info["batch_num_tokens"] * info["dp_size"]
+    return loss, {"loss": loss.detach()}
+
+
+def flat_params(eng):
+    return torch.cat([p.detach().float().reshape(-1).cpu() for m in eng.model for p in m.parameters()])

@@ -16,8 +16,6 @@ pytest.importorskip("megatron.core")
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from verl.protocol import DataProto  # noqa: E402
-
 import megatron_standin  # noqa: E402  (rootdir-relative import, like tests/models)
 
 
@@ -41,26 +39,7 @@ def make_engine(hf_path, dtype="float32", role="actor", **engine_kw):
     return eng
 
 
-def batch(seed=0, bsz=6, length=24):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, megatron_standin.VOCAB, (bsz, length), generator=g)
-    mask = torch.ones(bsz, length, dtype=torch.long)
-    for i in range(bsz):  # left padding of varying length, as prompts arrive
-        mask[i, : i * 2] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": pos},
-                               meta_info={"micro_batch_size": 2, "temperature": 1.0})
-
-
-def nll_loss(outs, mb):
-    mask = (mb["attention_mask"][:, 1:] * mb["attention_mask"][:, :-1]).float()
-    info = mb["global_batch_info"]
-    loss = -(outs["log_probs"][:, :-1] * mask).sum() / info["batch_num_tokens"] * info["dp_size"]
-    return loss, {"loss": loss.detach()}
-
-
-def flat_params(eng):
-    return torch.cat([p.detach().float().reshape(-1).cpu() for m in eng.model for p in m.parameters()])
+batch, nll_loss, flat_params = megatron_standin.batch, megatron_standin.nll_loss, megatron_standin.flat_params
 
 
 def test_log_probs_match_direct_computation(hf_path):

@@ -226,7 +226,10 @@ def save_hf_checkpoint(engine: "MegatronEngine", out_dir: str, weights: bool = T
         return
     os.makedirs(out_dir, exist_ok=True)
     engine.hf_config.save_pretrained(out_dir)
-    _copy_tokenizer_files(engine, out_dir)
+    if engine.processing_class is not None:
+        engine.processing_class.save_pretrained(out_dir)
+    else:
+        _copy_tokenizer_files(engine, out_dir)
     if weights:
         from safetensors.torch import save_file
 
