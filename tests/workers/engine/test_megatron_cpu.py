@@ -4,6 +4,7 @@ before any worker starts, the lazy-import error, settings and THD packing."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -192,3 +193,54 @@ def test_pack_thd_mrope_positions():
     pos = torch.stack([torch.arange(3)] * 3).unsqueeze(0).repeat(2, 1, 1)  # (B, C=3, L)
     packed = pack_thd(ids, mask, pos, align=2)
     assert packed.position_ids.shape == (3, 1, 6)
+
+
+# ------------------------------------------------------------------------------------------ example scripts
+def _script_overrides(path: str, env: dict) -> list[str]:
+    """The main_ppo arguments of an example script, with its shell variables expanded."""
+    import re
+    import shlex
+
+    text = open(path).read().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if "verl.trainer.main_ppo" in ln)
+    for name, value in re.findall(r'^(\w+)=\$\{\w+:-([^}]*)\}$', text, flags=re.M) + re.findall(r"^(\w+)=([\w.]+)$", text, flags=re.M):
+        env.setdefault(name, value)
+    args = shlex.split(line.split("verl.trainer.main_ppo", 1)[1].replace('"$@"', ""))
+    return [re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), m.group(0)), a) for a in args]
+
+
+@pytest.mark.parametrize("script, shape", [
+    ("examples/grpo_trainer/run_qwen3_5-35b-megatron.sh", "35b_a3b"),
+    ("examples/grpo_trainer/run_qwen3_5-9b-megatron.sh", "9b"),
+])
+def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
+    """The scripts' overrides compose and pass validation, parallel sizes included, against a config.json of
+    the model's shape (no weights; the published configs' head/expert/layer counts)."""
+    pytest.importorskip("verl.models.mcore.registry")
+    import transformers as tf
+
+    from verl.models.tiny import tiny_text_config_kwargs
+
+    shapes = {
+        "35b_a3b": dict(hidden_size=2048, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
+                        head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                        linear_value_head_dim=128, num_experts=256, num_experts_per_tok=8,
+                        moe_intermediate_size=512, shared_expert_intermediate_size=512, vocab_size=248320),
+        "9b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4,
+                   head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                   linear_value_head_dim=128, intermediate_size=12288, vocab_size=248320),
+    }
+    kw = tiny_text_config_kwargs(**shapes[shape])
+    if shape == "35b_a3b":
+        kw.pop("intermediate_size", None)
+        cfg = tf.Qwen3_5MoeTextConfig(**kw)
+        cfg.architectures = ["Qwen3_5MoeForCausalLM"]
+    else:
+        cfg = tf.Qwen3_5TextConfig(**kw)
+        cfg.architectures = ["Qwen3_5ForCausalLM"]
+    cfg.save_pretrained(tmp_path)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    args = _script_overrides(os.path.join(repo, script), {"MODEL_PATH": str(tmp_path), "DATA_DIR": str(tmp_path)})
+    loaded = _load(args[2:] if args[:1] == ["--config-name"] else args)
+    assert loaded.actor_rollout_ref.actor.strategy == "megatron"
+    assert loaded.actor_rollout_ref.actor.megatron.use_remove_padding is True
