@@ -11,7 +11,7 @@ The optimizer step is not included. The same model instance and weights serve ev
                   ``--stock-micro`` sequences per forward (gradient accumulation), every micro-batch padded
                   to the batch's L_max, so the padded work is that of one (16, L_max) batch.
   packed_<be>   : this project's path: ``apply_monkey_patch(use_remove_padding=True, use_fused_kernels=True,
-                  fused_kernels_backend=<be>)``, the batch packed by ``verl.workers.actor.inputs
+                  fused_kernels_backend=<be>)``, the batch packed by ``verl.workers.engine.fsdp.packing
                   .pack_micro_batch`` into one (1, 18662) row with position ids restarting per sequence
                   (fla varlen GDN, block-diagonal attention), log-probs / entropy fused with the LM head.
 
@@ -139,7 +139,7 @@ class StockStep:
 
 class PackedStep:
     def __init__(self, model, batch):
-        from verl.workers.actor.inputs import pack_micro_batch
+        from verl.workers.engine.fsdp.packing import pack_micro_batch
 
         self.model, self.batch = model, batch
         self.pack = pack_micro_batch

@@ -36,8 +36,9 @@ def test_rollout_and_actor_log_probs_agree(assets):
     from verl.protocol import DataProto
     from verl.trainer.config.checks import compose_config
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
-    from verl.workers.model_builder import load_tokenizer_and_processor
+    from tests.engine_utils import make_engine, single_rank_gloo
+    from verl.workers.actor.ppo_actor import PPOActor
+    from verl.utils.tokenizer import load_tokenizer_and_processor
     from verl.workers.rollout.batching import generate_sequences
     from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -69,18 +70,23 @@ def test_rollout_and_actor_log_probs_agree(assets):
     mask = out.batch["response_mask"].bool()
     assert mask.any()
     rollout_lp = out.batch["rollout_log_probs"][mask]
-    for rmpad in (True, False):
-        actor = DataParallelPPOActor(cfg.actor, model, use_remove_padding=rmpad)
-        lp, ent = actor.compute_log_prob(out, calculate_entropy=True)
-        assert torch.isfinite(lp).all() and torch.isfinite(ent).all()
-        torch.testing.assert_close(lp[mask], rollout_lp, atol=2e-4, rtol=1e-4, msg=f"rmpad={rmpad}")
+    with open_dict(cfg):
+        cfg.model.path = model_dir
+    with single_rank_gloo():
+        for rmpad in (True, False):  # the reference engine: the same checkpoint, forward only
+            with open_dict(cfg):
+                cfg.model.use_remove_padding = rmpad
+            actor = PPOActor(cfg.ref, make_engine(cfg.ref, cfg.model, role="ref"))
+            lp, ent = actor.compute_log_prob(out, calculate_entropy=True)
+            assert torch.isfinite(lp).all() and torch.isfinite(ent).all()
+            torch.testing.assert_close(lp[mask], rollout_lp, atol=2e-4, rtol=1e-4, msg=f"rmpad={rmpad}")
 
-    # without the images the same tokens score differently: the pixels really reach the model
-    blank = [{**m, "pixel_values": torch.zeros_like(m["pixel_values"])}
-             for m in batch.non_tensor_batch["multi_modal_inputs"]]
-    out.non_tensor_batch["multi_modal_inputs"] = np.array(blank, dtype=object)
-    lp_zero, _ = DataParallelPPOActor(cfg.actor, model, use_remove_padding=True).compute_log_prob(out)
-    assert not torch.allclose(lp_zero[mask], rollout_lp, atol=1e-3)
+        # without the images the same tokens score differently: the pixels really reach the model
+        blank = [{**m, "pixel_values": torch.zeros_like(m["pixel_values"])}
+                 for m in batch.non_tensor_batch["multi_modal_inputs"]]
+        out.non_tensor_batch["multi_modal_inputs"] = np.array(blank, dtype=object)
+        lp_zero, _ = actor.compute_log_prob(out)
+        assert not torch.allclose(lp_zero[mask], rollout_lp, atol=1e-3)
 
 
 @pytest.mark.parametrize("rmpad", [True, False])

@@ -57,9 +57,9 @@ def load(path):
 
 
 def shard(cfg, role="actor"):
-    from verl.workers.model_builder import shard_model
+    from verl.workers.engine.fsdp.model_init import build_module
 
-    return shard_model(cfg, OmegaConf.create({"param_offload": False}), role=role)
+    return build_module(cfg, OmegaConf.create({"param_offload": False}), role=role)
 
 
 def _randomize_b(module, seed=0):

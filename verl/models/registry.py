@@ -11,9 +11,21 @@ from typing import Optional
 
 import torch
 
+from verl.utils.registry import Registry
+
+
+# Qwen3.5 LoRA knowledge (see verl/workers/lora.py for the table of what each block holds).
+QWEN35_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+QWEN35_GATED_DELTANET = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+QWEN35_MLP = ("gate_proj", "up_proj", "down_proj")
+QWEN35_ALL_LINEAR = QWEN35_ATTENTION + QWEN35_GATED_DELTANET + QWEN35_MLP
+QWEN35_FUSED_EXPERT_PARAMS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """Everything the framework knows about one architecture; workers and engines ask this, never model_type."""
+
     architecture: str
     family: str  # canonical model_type without the "_text" suffix, e.g. "qwen3_5_moe"
     is_vl: bool
@@ -25,6 +37,38 @@ class ModelSpec:
     text_class: Optional[str]  # class for training only the language model of this checkpoint
     auto_class: str  # transformers Auto* class name for trust_remote_code checkpoints
     text_config_attr: Optional[str] = None  # sub-config holding the LM hyper-parameters (VL wrappers)
+    # Monkey patches installed by verl.models.transformers.monkey_patch ("qwen3_5": packed / Ulysses-aware
+    # forwards of every Qwen3.5 block); None: the stock HF forward.
+    patches: Optional[str] = None
+    # Packed rows work without flash-attn varlen (the patched forwards find boundaries from position ids).
+    native_packing: bool = False
+    # LoRA: leaf names that ``target_modules=all-linear`` expands to (None: PEFT's own all-linear rule), and
+    # the fused MoE expert parameters PEFT's ``target_parameters`` can adapt.
+    lora_all_linear: Optional[tuple[str, ...]] = None
+    lora_fused_expert_params: tuple[str, ...] = ()
+    # Weight-sync name rules (HF name -> rollout-engine names): dotted path of a layout class with
+    # ``from_hf_config(hf_config, **kw)``; None: engine names equal HF names.
+    weight_sync_layout: Optional[str] = None
+    # FLOPs of one forward, ``fn(hf_config, batch_seqlens) -> float`` (dotted path); None: generic decoder.
+    flops_fn: Optional[str] = None
+    # Name of the model in verl.models.mcore's registry (Megatron engine); None: not available on Megatron.
+    mcore_model: Optional[str] = None
+
+    def resolve(self, field_name: str):
+        """Import a dotted-path field (``weight_sync_layout``, ``flops_fn``); None stays None."""
+        path = getattr(self, field_name)
+        if path is None:
+            return None
+        from verl.utils.registry import import_dotted
+
+        return import_dotted(path)
+
+    def packs_with(self, hf_config) -> bool:
+        """Whether packed (1, T) rows are correct for this model as loaded: natively patched, or through
+        flash-attn's varlen kernel (HF packing by position ids) for other models."""
+        if not self.supports_packing:
+            return False
+        return self.native_packing or getattr(hf_config, "_attn_implementation", "") == "flash_attention_2"
 
 
 def _qwen(arch, family, is_vl, is_moe, text_class):
@@ -40,19 +84,25 @@ def _qwen(arch, family, is_vl, is_moe, text_class):
         text_class=text_class,
         auto_class="AutoModelForImageTextToText" if is_vl else "AutoModelForCausalLM",
         text_config_attr="text_config" if is_vl else None,
+        patches="qwen3_5",
+        native_packing=True,
+        lora_all_linear=QWEN35_ALL_LINEAR,
+        lora_fused_expert_params=QWEN35_FUSED_EXPERT_PARAMS if is_moe else (),
+        weight_sync_layout="verl.workers.weight_sync.names.Qwen35Layout",
+        flops_fn="verl.utils.flops_counter._qwen3_5_fwd",
+        mcore_model=arch,
     )
 
 
-SUPPORTED_ARCHITECTURES: dict[str, ModelSpec] = {
-    "Qwen3_5ForCausalLM": _qwen("Qwen3_5ForCausalLM", "qwen3_5", False, False, "Qwen3_5ForCausalLM"),
-    "Qwen3_5MoeForCausalLM": _qwen("Qwen3_5MoeForCausalLM", "qwen3_5_moe", False, True, "Qwen3_5MoeForCausalLM"),
-    "Qwen3_5ForConditionalGeneration": _qwen(
-        "Qwen3_5ForConditionalGeneration", "qwen3_5", True, False, "Qwen3_5ForCausalLM"
-    ),
-    "Qwen3_5MoeForConditionalGeneration": _qwen(
-        "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", True, True, "Qwen3_5MoeForCausalLM"
-    ),
-}
+# architecture (config.json ``architectures[0]``) -> spec. Adding a model is one registration here.
+SUPPORTED_ARCHITECTURES = Registry("model architecture", config_key="config.json architectures")
+for _spec in (
+    _qwen("Qwen3_5ForCausalLM", "qwen3_5", False, False, "Qwen3_5ForCausalLM"),
+    _qwen("Qwen3_5MoeForCausalLM", "qwen3_5_moe", False, True, "Qwen3_5MoeForCausalLM"),
+    _qwen("Qwen3_5ForConditionalGeneration", "qwen3_5", True, False, "Qwen3_5ForCausalLM"),
+    _qwen("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", True, True, "Qwen3_5MoeForCausalLM"),
+):
+    SUPPORTED_ARCHITECTURES.register(_spec.architecture, _spec)
 
 # model_type (top-level or text sub-config) -> family
 QWEN3_5_MODEL_TYPES = {
@@ -111,6 +161,7 @@ def get_model_spec(hf_config) -> ModelSpec:
         text_class=None,
         auto_class="AutoModelForImageTextToText" if is_vl else "AutoModelForCausalLM",
         text_config_attr="text_config" if getattr(hf_config, "text_config", None) is not None else None,
+        flops_fn="verl.utils.flops_counter.forward_flops",
     )
 
 

@@ -68,12 +68,13 @@ def _set_total_steps(cfg: DictConfig, total: int) -> None:
 
 
 def build_role_specs(cfg: DictConfig, use_critic: bool) -> dict:
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 
-    strategy = cfg.actor_rollout_ref.actor.strategy
-    if strategy not in ("fsdp", "fsdp2"):
-        raise ValueError(f"actor_rollout_ref.actor.strategy={strategy!r} has no worker in this project yet; "
-                         "use fsdp or fsdp2")
+    # Fail here, before any worker starts, if a role's engine is unknown or its optional extra is missing.
+    EngineRegistry.get_or_raise(cfg.actor_rollout_ref.actor.strategy)
+    if use_critic:
+        EngineRegistry.get_or_raise(cfg.critic.strategy)
     specs = {"actor_rollout": (ActorRolloutRefWorker, (cfg.actor_rollout_ref, "actor_rollout_ref"),
                                {"full_config": cfg})}
     if use_critic:
@@ -83,13 +84,16 @@ def build_role_specs(cfg: DictConfig, use_critic: bool) -> dict:
 
 
 def role_dp_sizes(cfg: DictConfig, specs: dict) -> dict[str, int]:
-    """Data-parallel size of each role: the world size, divided by the actor's Ulysses sequence-parallel size
-    for the actor/rollout/ref worker (the ranks of one SP group all receive the same data)."""
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+    """Data-parallel size of each role: the world size divided by the role's Ulysses sequence-parallel size
+    (the actor's for the actor/rollout/ref worker, the critic's for the critic): the ranks of one SP group all
+    receive the same data."""
+    from verl.workers.engine_workers import ActorRolloutRefWorker
 
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-    sp = int(cfg.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1)
-    return {role: world // sp if issubclass(spec[0], ActorRolloutRefWorker) else world for role, spec in specs.items()}
+    actor_sp = int(cfg.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    critic_sp = int((cfg.get("critic") or {}).get("ulysses_sequence_parallel_size", 1) or 1)
+    return {role: world // (actor_sp if issubclass(spec[0], ActorRolloutRefWorker) else critic_sp)
+            for role, spec in specs.items()}
 
 
 def launch_workers(cfg: DictConfig, specs: dict) -> dict:
@@ -136,11 +140,11 @@ def run_ppo(cfg: DictConfig) -> dict:
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
     from verl.utils.tracking import Tracking
-    from verl.workers.model_builder import load_tokenizer_and_processor
+    from verl.utils.tokenizer import load_tokenizer_and_processor
 
     from transformers import AutoConfig
 
-    from verl.workers.model_builder import local_model_path
+    from verl.utils.tokenizer import local_model_path
 
     tokenizer, processor = load_tokenizer_and_processor(cfg.actor_rollout_ref.model)
     # The dataset needs the model config for Qwen3.5-VL mRoPE position ids.

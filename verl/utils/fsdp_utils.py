@@ -38,20 +38,70 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
+def _wrap_cfg_get(wrap_policy, key, default=None):
+    if wrap_policy is None:
+        return default
+    val = wrap_policy.get(key, default) if hasattr(wrap_policy, "get") else getattr(wrap_policy, key, default)
+    return default if val is None else val
+
+
+def wrap_targets(model: torch.nn.Module, wrap_policy=None) -> list[torch.nn.Module]:
+    """The sub-modules that get their own ``fully_shard`` unit (children before parents), from upstream's
+    ``fsdp_config.wrap_policy``:
+
+    * ``min_num_params > 0``: size-based, as FSDP1's size policy: walking bottom-up, a module whose parameters
+      not yet in a unit reach ``min_num_params`` becomes a unit;
+    * otherwise ``transformer_layer_cls_to_wrap`` (class names; default the model's ``_no_split_modules``,
+      i.e. every decoder layer and vision block), or the first ModuleList of blocks for models without it.
+    """
+    min_params = int(_wrap_cfg_get(wrap_policy, "min_num_params", 0) or 0)
+    if min_params > 0:
+        targets: list[torch.nn.Module] = []
+        # A tied embedding / LM head is one parameter in two modules: it must stay in the root unit.
+        tied = set()
+        if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and hasattr(model, "get_input_embeddings"):
+            emb = model.get_input_embeddings()
+            tied = {id(p) for p in emb.parameters()} if emb is not None else set()
+
+        def visit(m: torch.nn.Module) -> tuple[int, bool]:
+            own = list(m.parameters(recurse=False))
+            results = [visit(c) for c in m.children()]
+            remaining = sum(r[0] for r in results) + sum(p.numel() for p in own)
+            holds_tied = any(r[1] for r in results) or any(id(p) in tied for p in own)
+            if m is not model and not holds_tied and remaining >= min_params:
+                targets.append(m)
+                return 0, False
+            return remaining, holds_tied
+
+        visit(model)
+        return targets
+    names = _wrap_cfg_get(wrap_policy, "transformer_layer_cls_to_wrap")
+    if names is not None:
+        names = {names} if isinstance(names, str) else set(names)
+        layers = [m for m in model.modules() if type(m).__name__ in names]
+        if not layers:
+            raise ValueError(f"fsdp_config.wrap_policy.transformer_layer_cls_to_wrap={sorted(names)} matches no "
+                             f"module of {type(model).__name__}")
+        return layers
+    return decoder_layers(model)
+
+
 def apply_fsdp2(model: torch.nn.Module, mesh: DeviceMesh, mixed_precision: MixedPrecisionPolicy | None,
-                param_offload: bool = False, reshard_after_forward: bool = True) -> torch.nn.Module:
+                param_offload: bool = False, reshard_after_forward: bool = True, wrap_policy=None) -> torch.nn.Module:
     kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if mixed_precision is not None:
         kw["mp_policy"] = mixed_precision
     if param_offload:
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     tie = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
-    for layer in decoder_layers(model):
+    targets = wrap_targets(model, wrap_policy)
+    for layer in targets:
         fully_shard(layer, **kw)
     # Tied embeddings must stay in the root unit: sharding them separately would split one parameter.
-    if not tie:
+    size_based = int(_wrap_cfg_get(wrap_policy, "min_num_params", 0) or 0) > 0
+    if not tie and not size_based:
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-        if emb is not None:
+        if emb is not None and not any(emb is t for t in targets):
             fully_shard(emb, **kw)
     fully_shard(model, **kw)
     return model
@@ -82,12 +132,15 @@ def gathered_for_inference(module: torch.nn.Module):
             m.set_reshard_after_forward(True, recurse=False)
 
 
-def offload_optimizer(optimizer: torch.optim.Optimizer, device: str = "cpu") -> None:
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:
+    """Move every non-scalar optimizer state tensor (Adam moments; DTensor shards stay DTensors) to ``device``."""
     for state in optimizer.state.values():
         for k, v in state.items():
             if isinstance(v, torch.Tensor) and v.dim() > 0:
                 state[k] = v.to(device, non_blocking=True)
 
 
-def load_optimizer(optimizer: torch.optim.Optimizer, device) -> None:
-    offload_optimizer(optimizer, device)
+def move_grads(module: torch.nn.Module, device) -> None:
+    for p in module.parameters():
+        if p.grad is not None:
+            p.grad = p.grad.to(device, non_blocking=True)

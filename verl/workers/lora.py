@@ -54,13 +54,9 @@ ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 LORA_INT_ID = 1
 
-# Leaf names of the nn.Linear layers that ``all-linear`` adapts on Qwen3.5 (see the table above).
-QWEN35_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-QWEN35_GATED_DELTANET = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
-QWEN35_MLP = ("gate_proj", "up_proj", "down_proj")
-QWEN35_ALL_LINEAR = QWEN35_ATTENTION + QWEN35_GATED_DELTANET + QWEN35_MLP
-# Fused routed-expert parameters of Qwen3.5-MoE, as PEFT target_parameters suffixes.
-FUSED_EXPERT_PARAMS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+# The per-architecture lists live in the model spec (verl/models/registry.py); Qwen3.5's are re-exported here.
+from verl.models.registry import QWEN35_ALL_LINEAR  # noqa: E402
+from verl.models.registry import QWEN35_FUSED_EXPERT_PARAMS as FUSED_EXPERT_PARAMS  # noqa: E402
 # Spellings of target_parameters that mean "both fused expert tensors".
 EXPERT_ALIASES = ("all-experts", "experts")
 
@@ -128,9 +124,11 @@ def read_adapter_config(path: str) -> dict:
         return json.load(f)
 
 
-def is_qwen3_5(model: nn.Module) -> bool:
+def _spec(model: nn.Module):
+    from verl.models.registry import get_model_spec
+
     cfg = getattr(model, "config", None)
-    return str(getattr(cfg, "model_type", "") or "").startswith("qwen3_5")
+    return get_model_spec(cfg) if cfg is not None else None
 
 
 def _language_linear_paths(model: nn.Module) -> list[str]:
@@ -142,12 +140,13 @@ def resolve_target_modules(model: nn.Module, target_modules: Any) -> Any:
     """What PEFT's ``target_modules`` gets. ``all-linear`` becomes the explicit Qwen3.5 list (table above)."""
     target_modules = _plain(target_modules)
     if target_modules is None or target_modules == "all-linear" or target_modules == ["all-linear"]:
-        if not is_qwen3_5(model):
+        spec = _spec(model)
+        if spec is None or spec.lora_all_linear is None:
             return "all-linear"  # PEFT's own rule: every Linear except the output layer
         present = {p.rsplit(".", 1)[-1] for p in _language_linear_paths(model)}
-        leaves = [leaf for leaf in QWEN35_ALL_LINEAR if leaf in present]
+        leaves = [leaf for leaf in spec.lora_all_linear if leaf in present]
         if not leaves:
-            raise ValueError("target_modules=all-linear matched no projection of this Qwen3.5 model")
+            raise ValueError(f"target_modules=all-linear matched no projection of this {spec.architecture} model")
         return leaves
     if isinstance(target_modules, str):
         return target_modules  # a regular expression, matched by PEFT against full module names
@@ -170,9 +169,11 @@ def resolve_target_parameters(model: nn.Module, target_parameters: Any) -> Optio
         return None
     if isinstance(target_parameters, str):
         target_parameters = [target_parameters]
+    spec = _spec(model)
+    fused = (spec.lora_fused_expert_params if spec is not None else ()) or FUSED_EXPERT_PARAMS
     out: list[str] = []
     for t in target_parameters:
-        out.extend(FUSED_EXPERT_PARAMS if t in EXPERT_ALIASES else [t])
+        out.extend(fused if t in EXPERT_ALIASES else [t])
     names = [n for n, p in model.named_parameters() if p.dim() >= 2]
     missing = [t for t in out if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:

@@ -12,7 +12,7 @@ Two runs of the real CLI (in-process ``trainer.launcher=local``) with ``rollout.
   tokens in (1), and ``agent_loop/num_tool_calls`` must be logged > 0.
 
 The actor's training batch is observed through a ``sitecustomize`` module put on the subprocess's
-``PYTHONPATH``: it wraps ``DataParallelPPOActor.update_policy`` to save its inputs and changes nothing else.
+``PYTHONPATH``: it wraps ``PPOActor.update_policy`` to save its inputs and changes nothing else.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ import os
 _dump = os.environ.get("VERL_TEST_ACTOR_DUMP")
 if _dump:
     import torch
-    from verl.workers.actor import dp_actor
+    from verl.workers.actor import ppo_actor
 
-    _orig = dp_actor.DataParallelPPOActor.update_policy
+    _orig = ppo_actor.PPOActor.update_policy
     _seen = []
 
     def update_policy(self, data):
@@ -67,7 +67,7 @@ if _dump:
         torch.save(_seen, _dump)
         return _orig(self, data)
 
-    dp_actor.DataParallelPPOActor.update_policy = update_policy
+    ppo_actor.PPOActor.update_policy = update_policy
 '''
 
 
@@ -133,7 +133,7 @@ def test_rollout_metrics_merge_across_data_parallel_ranks():
     from verl.single_controller.decorator import Dispatch
     from verl.single_controller.worker_group import collect_results
     from verl.trainer.ppo.ray_trainer import _combine_agent_loop_metrics
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+    from verl.workers.engine_workers import ActorRolloutRefWorker
 
     class FakeLoop:
         def __init__(self, calls):

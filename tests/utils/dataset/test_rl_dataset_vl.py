@@ -26,7 +26,7 @@ def load_example():
 @pytest.fixture(scope="module")
 def vl(tmp_path_factory):
     from verl.models.tiny import build_tiny_qwen3_5
-    from verl.workers.model_builder import load_tokenizer_and_processor
+    from verl.utils.tokenizer import load_tokenizer_and_processor
 
     root = tmp_path_factory.mktemp("vl")
     model = build_tiny_qwen3_5(root / "model", kind="vl", seed=0)

@@ -1,4 +1,5 @@
-"""Two FSDP2 ranks on gloo give the same loss and gradients as one rank on the same batch."""
+"""Two FSDP2 ranks on gloo give the same loss and gradients as one rank on the same batch (actor role on the
+FSDP engine)."""
 
 import os
 import socket
@@ -31,31 +32,27 @@ def make_batch(n=8, prompt=6, response=5, vocab=100, seed=0):
     }
 
 
-def _worker(rank, world, port, loss_agg_mode, use_remove_padding, out_q):
+def _worker(rank, world, port, model_dir, loss_agg_mode, use_remove_padding, out_q):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     import torch.distributed as dist
     from omegaconf import open_dict
 
-    from verl.models.tiny import build_tiny_qwen3_5
-    from verl.models.transformers.monkey_patch import apply_monkey_patch
+    from tests.engine_utils import arr_config, make_engine, sgd
     from verl.protocol import DataProto
-    from verl.trainer.config.checks import compose_config
-    from verl.utils.fsdp_utils import apply_fsdp2, create_device_mesh
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.ppo_actor import PPOActor
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    model = build_tiny_qwen3_5(None, kind="dense", seed=0)
-    apply_monkey_patch(model, use_remove_padding=use_remove_padding)
-    apply_fsdp2(model, create_device_mesh(world, -1, "cpu"), None)
-    cfg = compose_config("ppo_trainer", ["actor_rollout_ref.rollout.name=hf"], validate=False).actor_rollout_ref.actor
+    cfg = arr_config(model_dir, [f"actor_rollout_ref.model.use_remove_padding={use_remove_padding}"])
     with open_dict(cfg):
-        cfg.ppo_mini_batch_size = 8 // world
-        cfg.ppo_micro_batch_size_per_gpu = 1 if world == 1 else 2  # different splits on purpose
-        cfg.loss_agg_mode = loss_agg_mode
-        cfg.entropy_coeff = 0.01
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    actor = DataParallelPPOActor(cfg, model, opt, use_remove_padding=use_remove_padding)
+        cfg.actor.ppo_mini_batch_size = 8 // world
+        cfg.actor.ppo_micro_batch_size_per_gpu = 1 if world == 1 else 2  # different splits on purpose
+        cfg.actor.loss_agg_mode = loss_agg_mode
+        cfg.actor.entropy_coeff = 0.01
+    engine = make_engine(sgd(cfg.actor), cfg.model, "actor")
+    assert engine.use_remove_padding == use_remove_padding
+    actor = PPOActor(cfg.actor, engine)
+    model = engine.module
     full = make_batch()
     data = DataProto.from_dict(tensors=full, meta_info={"temperature": 0.9}).chunk(world)[rank]
     before = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
@@ -69,11 +66,20 @@ def _worker(rank, world, port, loss_agg_mode, use_remove_padding, out_q):
     dist.destroy_process_group()
 
 
-def _run(world, mode, rmpad):
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from verl.models.tiny import build_tiny_qwen3_5
+
+    path = tmp_path_factory.mktemp("dp_parity_model")
+    build_tiny_qwen3_5(str(path), kind="dense", seed=0)
+    return str(path)
+
+
+def _run(world, mode, rmpad, model_dir):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, mode, rmpad, q)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, model_dir, mode, rmpad, q)) for r in range(world)]
     for p in procs:
         p.start()
     results = [q.get(timeout=600) for _ in procs]
@@ -86,9 +92,9 @@ def _run(world, mode, rmpad):
 
 
 @pytest.mark.parametrize("mode,rmpad", [("token-mean", True), ("seq-mean-token-mean", False)])
-def test_two_ranks_match_one_rank(mode, rmpad):
-    m1, d1 = _run(1, mode, rmpad)
-    m2, d2 = _run(2, mode, rmpad)
+def test_two_ranks_match_one_rank(mode, rmpad, model_dir):
+    m1, d1 = _run(1, mode, rmpad, model_dir)
+    m2, d2 = _run(2, mode, rmpad, model_dir)
     # Loss metrics are each rank's share of the global mini-batch loss; averaged over ranks they must agree.
     loss1 = m1[0]["actor/pg_loss"][0]
     loss2 = sum(m["actor/pg_loss"][0] for m in m2) / 2

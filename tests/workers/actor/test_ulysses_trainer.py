@@ -100,38 +100,30 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _worker(rank, world, sp, port, loss_agg_mode, out_q):
+def _worker(rank, world, sp, port, model_dir, loss_agg_mode, out_q):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     import torch.distributed as dist
     from omegaconf import open_dict
-    from torch.distributed.device_mesh import init_device_mesh
 
-    from verl.models.tiny import build_tiny_qwen3_5
-    from verl.models.transformers.monkey_patch import apply_monkey_patch
-    from verl.trainer.config.checks import compose_config
+    from tests.engine_utils import arr_config, make_engine, sgd
     from verl.utils import ulysses
-    from verl.utils.fsdp_utils import apply_fsdp2, create_device_mesh
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.ppo_actor import PPOActor
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     dp = world // sp
-    if sp > 1:  # as ActorRolloutRefWorker._build_sp_group: consecutive ranks form an SP group
-        mesh = init_device_mesh("cpu", (dp, sp), mesh_dim_names=("dp", "sp"))
-        ulysses.set_ulysses_sequence_parallel_group(mesh["sp"].get_group())
-    model = build_tiny_qwen3_5(None, kind="dense", seed=0, with_tokenizer=False)
-    apply_monkey_patch(model, ulysses_sp_size=sp, use_remove_padding=True)
-    apply_fsdp2(model, create_device_mesh(world, -1, "cpu"), None)  # FSDP over all ranks
-    cfg = compose_config("ppo_trainer", ["actor_rollout_ref.rollout.name=hf"], validate=False).actor_rollout_ref.actor
+    cfg = arr_config(model_dir, [f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}"])
     with open_dict(cfg):
-        cfg.ppo_mini_batch_size = 8 // dp
-        cfg.ppo_micro_batch_size_per_gpu = 1 if world == 1 else 2  # different splits on purpose
-        cfg.loss_agg_mode = loss_agg_mode
-        cfg.entropy_coeff = 0.01
-        cfg.use_kl_loss = True
-        cfg.kl_loss_coef = 0.1
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    actor = DataParallelPPOActor(cfg, model, opt, use_remove_padding=True, ulysses_sp_size=sp)
+        cfg.actor.ppo_mini_batch_size = 8 // dp
+        cfg.actor.ppo_micro_batch_size_per_gpu = 1 if world == 1 else 2  # different splits on purpose
+        cfg.actor.loss_agg_mode = loss_agg_mode
+        cfg.actor.entropy_coeff = 0.01
+        cfg.actor.use_kl_loss = True
+        cfg.actor.kl_loss_coef = 0.1
+    engine = make_engine(sgd(cfg.actor), cfg.model, "actor")  # FSDP over all ranks, (dp, sp) mesh for SP
+    assert engine.dp_size == dp and engine.dp_rank == rank // sp
+    actor = PPOActor(cfg.actor, engine)
+    model = engine.module
     full = make_batch()
     full["ref_log_prob"] = full["old_log_probs"] * 0.9
     data = DataProto.from_dict(tensors=full, meta_info={"temperature": 0.9}).chunk(dp)[rank // sp]
@@ -143,15 +135,31 @@ def _worker(rank, world, sp, port, loss_agg_mode, out_q):
     after = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
     delta = {k: (before[k] - after[k]).numpy() for k in before}  # = lr * grad with SGD; numpy: no fd sharing
     out_q.put((rank, metrics, log_probs.numpy(), delta if rank == 0 else None))
-    ulysses.set_ulysses_sequence_parallel_group(None)
+    assert ulysses.get_ulysses_sequence_parallel_group() is None  # set only around the engine's forwards
     dist.destroy_process_group()
+
+
+_MODEL_DIR = {}
+
+
+def _model_dir():
+    """One tiny checkpoint per test session (the workers load it through the engine)."""
+    if "path" not in _MODEL_DIR:
+        import tempfile
+
+        from verl.models.tiny import build_tiny_qwen3_5
+
+        path = tempfile.mkdtemp(prefix="verl_ulysses_model_")
+        build_tiny_qwen3_5(path, kind="dense", seed=0, with_tokenizer=False)
+        _MODEL_DIR["path"] = path
+    return _MODEL_DIR["path"]
 
 
 def _run(world, sp, mode):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, sp, port, mode, q)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, sp, port, _model_dir(), mode, q)) for r in range(world)]
     for p in procs:
         p.start()
     results = sorted((q.get(timeout=600) for _ in procs), key=lambda r: r[0])

@@ -17,7 +17,6 @@ import torch.nn as nn
 
 logger = logging.getLogger(__name__)
 
-QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 _PATCH_ATTR = "_verl_patch_settings"
 
 
@@ -49,8 +48,13 @@ def _qwen3_5_replacements() -> dict[type, object]:
 
 
 def is_qwen3_5_model(model: nn.Module) -> bool:
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    return model_type in QWEN3_5_MODEL_TYPES
+    """Whether the model spec of ``model`` asks for the Qwen3.5 patches."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    from verl.models.registry import get_model_spec
+
+    return get_model_spec(config).patches == "qwen3_5"
 
 
 def _bind(module: nn.Module, fn) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -38,12 +38,28 @@ from verl.utils.registry import Registry
 
 LossFn = Callable[[dict, dict], "tuple[torch.Tensor, dict[str, float]]"]
 
-__all__ = ["BaseEngine", "EngineRegistry", "LossFn", "response_slice"]
+__all__ = ["BaseEngine", "EngineRegistry", "LossFn", "accumulate_metrics", "response_slice"]
 
 
 def response_slice(values: torch.Tensor, response_length: int) -> torch.Tensor:
     """(B, L) next-token-aligned values -> the (B, R) values of the response tokens (the last R of L)."""
     return values[:, -response_length - 1 : -1]
+
+
+def accumulate_metrics(per_micro_batch: list[dict], summed: Iterable[str] = ()) -> dict[str, float]:
+    """Combine the loss function's metrics over the micro-batches of one mini-batch.
+
+    Keys in ``summed`` (the loss function's ``summed_metrics`` attribute) are added up: losses already
+    normalised by global counts, whose per-micro-batch shares sum to the mini-batch value. Every other key
+    (ratios such as clip fractions) is averaged over the micro-batches that reported it."""
+    summed = set(summed)
+    totals: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for metrics in per_micro_batch:
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+            counts[k] = counts.get(k, 0) + 1
+    return {k: v if k in summed else v / counts[k] for k, v in totals.items()}
 
 
 class BaseEngine(ABC):
@@ -120,6 +136,14 @@ class BaseEngine(ABC):
                              ) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) weights with Hugging Face names, one tensor at a time, for rollout weight sync
         and HF export. Every rank must drive the iterator to the end (gathering is collective)."""
+
+    def get_rollout_weights(self, bucket_megabytes: float = 512, layered: bool = False
+                            ) -> "tuple[Iterator[tuple[str, torch.Tensor]], dict]":
+        """``(weights, update_weights kwargs)`` for a rollout engine that loads weights (vLLM).
+
+        Full weights and no kwargs by default; an engine training a LoRA adapter may send the adapter alone
+        (PEFT-named tensors with ``{"lora": {"peft_config", "lora_int_id"}}``) where the rollout can apply it."""
+        return self.get_per_tensor_param(bucket_megabytes=bucket_megabytes, layered=layered), {}
 
     # ---------------------------------------------------------------- checkpoints
     @abstractmethod

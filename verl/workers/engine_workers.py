@@ -1,18 +1,17 @@
-"""FSDP2 workers: the hybrid actor + rollout + reference worker, and the critic worker.
+"""Engine-based workers: the hybrid actor + rollout + reference worker, and the critic worker.
 
 One process per device hosts these roles (colocated); the controller calls the methods marked with
-``register`` through a worker group, which splits DataProto batches by data-parallel rank.
+``register`` through a worker group, which splits DataProto batches by data-parallel rank. Each role runs on
+a training engine picked by its section's ``strategy`` from :data:`verl.workers.engine.EngineRegistry`
+(``fsdp2``, alias ``fsdp``; ``megatron``), so no worker code depends on the backend.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import random
 import time
 
 import numpy as np
-
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -21,15 +20,35 @@ from verl.protocol import DataProto
 from verl.single_controller.decorator import Dispatch, register
 from verl.single_controller.worker import Worker
 from verl.utils.device import get_device_name
-from verl.workers.model_builder import build_optimizer_and_scheduler, load_tokenizer_and_processor, shard_model
-
-logger = logging.getLogger(__name__)
+from verl.utils.tokenizer import load_tokenizer_and_processor
+from verl.workers.engine import EngineRegistry
 
 
 def _per_rank(total: int, world: int, name: str) -> int:
     if total % world != 0:
         raise ValueError(f"{name}={total} must be divisible by the data-parallel size {world}")
     return total // world
+
+
+def engine_section(role_cfg: DictConfig, strategy: str):
+    """The engine_config of a role: ``megatron`` for Megatron, else ``fsdp_config`` (the critic's FSDP section
+    is ``critic.fsdp`` in the composed config)."""
+    if EngineRegistry.canonical(strategy) == "megatron":
+        return role_cfg.get("megatron")
+    for key in ("fsdp_config", "fsdp"):
+        if role_cfg.get(key) is not None:
+            return role_cfg.get(key)
+    return (role_cfg.get("model") or {}).get("fsdp_config") or OmegaConf.create({})
+
+
+def build_engine(role_cfg: DictConfig, model_cfg: DictConfig, role: str, trainable: bool, **kwargs):
+    """Construct (not yet initialize) the engine of ``role`` from its section's ``strategy``; the whole role
+    section goes along as ``role_config`` for keys upstream keeps there."""
+    strategy = str(role_cfg.get("strategy") or "fsdp2")
+    cls = EngineRegistry.get_or_raise(strategy)
+    return cls(model_cfg, engine_section(role_cfg, strategy), role_cfg.get("optim") if trainable else None,
+               role_cfg.get("checkpoint") if trainable else None, role=role, role_config=role_cfg, strategy=strategy,
+               **kwargs)
 
 
 class ActorRolloutRefWorker(Worker):
@@ -49,7 +68,7 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        from verl.workers.actor.dp_actor import DataParallelPPOActor
+        from verl.workers.actor.ppo_actor import PPOActor
 
         self.ensure_process_group()
         cfg = self.config
@@ -57,38 +76,28 @@ class ActorRolloutRefWorker(Worker):
         sp = int(cfg.actor.get("ulysses_sequence_parallel_size", 1))
         self.dp_size = world // sp
         self.dp_rank = self.rank // sp  # consecutive ranks form one sequence-parallel group
-        self.sp_group = self._build_sp_group(world, sp)
         self.tokenizer, self.processor = load_tokenizer_and_processor(cfg.model)
         self._normalize_batch_sizes()
+        self._is_lora = False
+        self.actor_engine = None
         if self._is_actor:
-            built = shard_model(cfg.model, cfg.actor.fsdp_config, role="actor", ulysses_sp_size=sp,
-                                enable_gc=cfg.model.get("enable_gradient_checkpointing", False))
-            self.actor_module, self.model_info = built.module, built.info
-            self._is_lora = built.is_lora
-            if built.is_lora and self._is_rollout:
+            self.actor_engine = build_engine(cfg.actor, cfg.model, "actor", trainable=True,
+                                             processing_class=self.processor or self.tokenizer)
+            self.actor_engine.initialize()
+            self._is_lora = bool(getattr(self.actor_engine, "is_lora", False))
+            if self._is_lora and self._is_rollout:
                 from verl.workers.lora import check_lora_rollout_config
 
                 check_lora_rollout_config(cfg)
-            self.actor_optimizer, self.actor_lr_scheduler = build_optimizer_and_scheduler(self.actor_module, cfg.actor.optim)
-            self.actor = DataParallelPPOActor(cfg.actor, self.actor_module, self.actor_optimizer,
-                                              use_remove_padding=built.use_remove_padding,
-                                              use_fused_kernels=built.use_fused_kernels, ulysses_sp_size=sp)
-            from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-
-            self.checkpoint_manager = FSDPCheckpointManager(
-                self.actor_module, self.actor_optimizer, self.actor_lr_scheduler,
-                processing_class=self.processor or self.tokenizer, checkpoint_config=cfg.actor.get("checkpoint"))
+            self.actor = PPOActor(cfg.actor, self.actor_engine)
         if self._is_ref:
-            if self._is_actor and built.is_lora:
-                # LoRA: the reference policy is the actor with its adapters disabled; no second base model.
-                self.ref_module = None
-            else:
-                ref_built = shard_model(cfg.model, cfg.ref.fsdp_config, role="ref", ulysses_sp_size=sp, enable_gc=False)
-                self.ref_module = ref_built.module
-            ref_mod = self.ref_module if self.ref_module is not None else self.actor_module
-            self.ref_policy = DataParallelPPOActor(cfg.ref, ref_mod, use_remove_padding=self.actor.use_remove_padding
-                                                   if self._is_actor else ref_built.use_remove_padding,
-                                                   use_fused_kernels=False, ulysses_sp_size=sp)
+            # LoRA: the reference policy is the actor with its adapters disabled; no second base model.
+            share = {"share_module_with": self.actor_engine} if self._is_lora else {}
+            with open_dict(cfg.ref):  # the reference runs in the actor's sequence-parallel layout
+                cfg.ref.ulysses_sequence_parallel_size = sp
+            self.ref_engine = build_engine(cfg.ref, cfg.model, "ref", trainable=False, **share)
+            self.ref_engine.initialize()
+            self.ref_policy = PPOActor(cfg.ref, self.ref_engine)
         if self._is_rollout:
             self._build_rollout()
         # Sampling draws from the global RNGs: seed them per data-parallel rank so runs repeat exactly (and
@@ -99,25 +108,6 @@ class ActorRolloutRefWorker(Worker):
         np.random.seed(seed)
         random.seed(seed)
         return True
-
-    def _build_sp_group(self, world: int, sp: int):
-        """The Ulysses group of this rank (None without SP): a (dp, sp) mesh, consecutive ranks sharing data.
-        FSDP2 still shards over all ranks; its gradient average over dp*sp is corrected by the sp factor that
-        ``gather_outputs_and_unpad`` applies in the backward."""
-        if sp <= 1:
-            return None
-        if world % sp:
-            raise ValueError(f"actor.ulysses_sequence_parallel_size={sp} must divide the world size {world}")
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh("cpu" if self.device == "cpu" else self.device, (world // sp, sp),
-                                mesh_dim_names=("dp", "sp"))
-        return mesh["sp"].get_group()
-
-    def _sp(self):
-        """Context in which the patched model runs sequence-parallel: the SP group is registered only around
-        the actor's and reference's forwards, so a colocated critic (no SP) never sees it."""
-        return _UlyssesGroup(self.sp_group)
 
     def _normalize_batch_sizes(self):
         """Turn global batch sizes (in prompts) into per-rank sizes (in responses), as upstream does."""
@@ -140,10 +130,11 @@ class ActorRolloutRefWorker(Worker):
 
         rcfg = self.config.rollout
         cls = get_rollout_class(rcfg.name)
+        module = self.actor_engine.module
         self.rollout = cls(config=rcfg, model_config=self.config.model, tokenizer=self.tokenizer,
-                           module=self.actor_module if rcfg.name == "hf" else None, processor=self.processor)
+                           module=module if rcfg.name == "hf" else None, processor=self.processor)
         eos = self.tokenizer.eos_token_id
-        gen_eos = getattr(getattr(self.actor_module, "generation_config", None), "eos_token_id", None)
+        gen_eos = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
         ids = {eos} if eos is not None else set()
         ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else ([gen_eos] if gen_eos is not None else []))
         self.eos_ids = sorted(ids)
@@ -153,25 +144,17 @@ class ActorRolloutRefWorker(Worker):
             from verl.experimental.agent_loop import AgentLoopManager
 
             self.agent_loop = AgentLoopManager(self.full_config, self.rollout, self.tokenizer, self.processor,
-                                               model_config=self.actor_module.config)
+                                               model_config=module.config)
         if rcfg.name != "hf":
             self._sync_rollout_weights()
 
     def _sync_rollout_weights(self):
-        from verl.workers.weight_sync import iter_hf_weights
-
+        """Weights from the actor engine's parameter generator (adapter-only for LoRA where the rollout can
+        apply it) into the rollout engine."""
         bucket = int(self.config.rollout.get("checkpoint_engine", {}).get("update_weights_bucket_megabytes", 512))
-        if getattr(self, "_is_lora", False):
-            from verl.workers.lora import rollout_sync
-
-            # adapter tensors, or merged weights where the engine cannot take the adapter (logged)
-            weights, kw = rollout_sync(self.actor_module, bucket_megabytes=bucket,
-                                       layered=bool(self.config.rollout.get("layered_summon", False)))
-            self.rollout.update_weights(weights, **kw)
-            return
-        weights = iter_hf_weights(self.actor_module, bucket_megabytes=bucket,
-                                  layered=bool(self.config.rollout.get("layered_summon", False)))
-        self.rollout.update_weights(weights)
+        weights, kwargs = self.actor_engine.get_rollout_weights(
+            bucket_megabytes=bucket, layered=bool(self.config.rollout.get("layered_summon", False)))
+        self.rollout.update_weights(weights, **kwargs)
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -200,12 +183,19 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("max_token_len", s.get("log_prob_max_token_len_per_gpu") or 16384)
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
 
+    # ------------------------------------------------------------------ log-probs
+    def _log_prob_meta(self, data: DataProto, section: str) -> None:
+        s = self.config[section]
+        data.meta_info.setdefault("micro_batch_size", s.get("log_prob_micro_batch_size_per_gpu") or 8)
+        data.meta_info.setdefault("use_dynamic_bsz", bool(s.get("log_prob_use_dynamic_bsz", False)))
+        data.meta_info.setdefault("max_token_len", s.get("log_prob_max_token_len_per_gpu") or 16384)
+        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         self._log_prob_meta(data, "rollout")
         calc_entropy = bool(data.meta_info.get("calculate_entropy", True))
-        with self._sp():
-            log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=calc_entropy)
+        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=calc_entropy)
         tensors = {"old_log_probs": log_probs}
         if entropys is not None:
             tensors["entropys"] = entropys
@@ -214,12 +204,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         self._log_prob_meta(data, "ref")
-        with self._sp():
-            if self.ref_module is None:
-                with self.actor_module.disable_adapter():
-                    log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
-            else:
-                log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     # ------------------------------------------------------------------ update
@@ -227,11 +212,8 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> dict:
         t0 = time.time()
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
-        with self._sp():
-            metrics = self.actor.update_policy(data)
-        lr = self.actor_lr_scheduler.get_last_lr()[0]
-        self.actor_lr_scheduler.step()
-        metrics["actor/lr"] = lr
+        metrics = self.actor.update_policy(data)
+        metrics["actor/lr"] = self.actor_engine.lr_scheduler_step()
         if self._is_rollout and self.config.rollout.name != "hf":
             self._sync_rollout_weights()
         metrics["perf/update_actor_s"] = time.time() - t0
@@ -240,36 +222,15 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep=None):
-        self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step)
+        self.actor_engine.save_checkpoint(local_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):
-        self.checkpoint_manager.load_checkpoint(local_path)
+        self.actor_engine.load_checkpoint(local_path)
         if self._is_rollout and self.config.rollout.name != "hf":
             self._sync_rollout_weights()
         return True
-
-
-class _UlyssesGroup:
-    """Registers ``group`` as the Ulysses SP group for the duration of a ``with`` block (no-op for None)."""
-
-    def __init__(self, group):
-        self.group, self.prev = group, None
-
-    def __enter__(self):
-        from verl.utils import ulysses
-
-        self.prev = ulysses.get_ulysses_sequence_parallel_group()
-        if self.group is not None:
-            ulysses.set_ulysses_sequence_parallel_group(self.group)
-        return self
-
-    def __exit__(self, *exc):
-        from verl.utils import ulysses
-
-        ulysses.set_ulysses_sequence_parallel_group(self.prev)
-        return False
 
 
 class CriticWorker(Worker):
@@ -281,26 +242,21 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-        from verl.workers.critic.dp_critic import DataParallelPPOCritic
+        from verl.workers.critic.ppo_critic import PPOCritic
 
         self.ensure_process_group()
         cfg = self.config
-        dp = dist.get_world_size()
+        sp = int(cfg.get("ulysses_sequence_parallel_size", 1) or 1)
+        dp = dist.get_world_size() // sp
         with open_dict(cfg):
             cfg.ppo_mini_batch_size = _per_rank(cfg.ppo_mini_batch_size * cfg.get("rollout_n", 1), dp,
                                                 "critic.ppo_mini_batch_size*rollout.n")
             if cfg.get("ppo_micro_batch_size") and not cfg.get("ppo_micro_batch_size_per_gpu"):
                 cfg.ppo_micro_batch_size_per_gpu = _per_rank(cfg.ppo_micro_batch_size, dp, "critic.ppo_micro_batch_size")
         self.tokenizer, _ = load_tokenizer_and_processor(cfg.model)
-        built = shard_model(cfg.model, cfg.get("fsdp") or cfg.model.get("fsdp_config") or {},
-                            role="critic", enable_gc=cfg.model.get("enable_gradient_checkpointing", False))
-        self.critic_module = built.module
-        self.critic_optimizer, self.critic_lr_scheduler = build_optimizer_and_scheduler(self.critic_module, cfg.optim)
-        self.critic = DataParallelPPOCritic(cfg, self.critic_module, self.critic_optimizer)
-        self.checkpoint_manager = FSDPCheckpointManager(self.critic_module, self.critic_optimizer,
-                                                        self.critic_lr_scheduler, processing_class=self.tokenizer,
-                                                        checkpoint_config=cfg.get("checkpoint"))
+        self.critic_engine = build_engine(cfg, cfg.model, "critic", trainable=True, processing_class=self.tokenizer)
+        self.critic_engine.initialize()
+        self.critic = PPOCritic(cfg, self.critic_engine)
         return True
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -310,16 +266,15 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def update_critic(self, data: DataProto) -> dict:
         metrics = self.critic.update_critic(data)
-        metrics["critic/lr"] = self.critic_lr_scheduler.get_last_lr()[0]
-        self.critic_lr_scheduler.step()
+        metrics["critic/lr"] = self.critic_engine.lr_scheduler_step()
         return metrics
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep=None):
-        self.checkpoint_manager.save_checkpoint(local_path, global_step=global_step)
+        self.critic_engine.save_checkpoint(local_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
         return True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):
-        self.checkpoint_manager.load_checkpoint(local_path)
+        self.critic_engine.load_checkpoint(local_path)
         return True

@@ -45,8 +45,11 @@ def pack_micro_batch(micro_batch: dict, sp_size: int = 1) -> PackedBatch:
     return PackedBatch(ids, pos, labels, indices, bsz, seqlen, sp_pad)
 
 
-def unpack_to_responses(values: torch.Tensor, packed: PackedBatch, response_length: int) -> torch.Tensor:
-    """Scatter per-token values (1, T_local) back to (B, L) and keep the response part (B, R)."""
+def unpack_to_padded(values: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
+    """Scatter per-token values (1, T_local) back to the padded (B, L) layout (zeros at padding).
+
+    Under Ulysses SP each rank first gathers the whole packed row (the gather's backward scales gradients so
+    the FSDP average over dp*sp ranks comes out right)."""
     values = values.reshape(1, -1)
     if packed.sp_pad or _sp_world() > 1:
         from verl.utils.ulysses import gather_outputs_and_unpad
@@ -55,9 +58,7 @@ def unpack_to_responses(values: torch.Tensor, packed: PackedBatch, response_leng
     values = values.reshape(-1)
     full = torch.zeros(packed.batch_size * packed.seq_len, dtype=values.dtype, device=values.device)
     full = full.index_put((packed.indices,), values)
-    full = full.view(packed.batch_size, packed.seq_len)
-    # Position t predicts token t+1, so the response tokens' log-probs sit one position to the left.
-    return full[:, -response_length - 1 : -1]
+    return full.view(packed.batch_size, packed.seq_len)
 
 
 def _sp_world() -> int:

@@ -1,0 +1,57 @@
+"""Helpers for tests that build training engines (imported as ``tests.engine_utils``)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+
+import torch.distributed as dist
+from omegaconf import open_dict
+
+
+@contextmanager
+def single_rank_gloo():
+    """World size 1 over a file:// rendezvous (no ports); reuses an existing group."""
+    if dist.is_initialized():
+        yield
+        return
+    fd, path = tempfile.mkstemp(prefix="verl_engine_pg_")
+    os.close(fd)
+    os.remove(path)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def arr_config(model_dir: str, overrides=(), **actor_keys):
+    """The composed ``actor_rollout_ref`` section for a tiny checkpoint (no gradient checkpointing), with
+    ``actor_keys`` set on the actor section."""
+    from verl.trainer.config.checks import compose_config
+
+    cfg = compose_config("ppo_trainer", ["actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={model_dir}",
+                                         "actor_rollout_ref.model.enable_gradient_checkpointing=false", *overrides],
+                         validate=False).actor_rollout_ref
+    with open_dict(cfg):
+        for k, v in actor_keys.items():
+            cfg.actor[k] = v
+    return cfg
+
+
+def make_engine(role_cfg, model_cfg, role: str = "actor", **kwargs):
+    from verl.workers.engine_workers import build_engine
+
+    engine = build_engine(role_cfg, model_cfg, role, trainable=role != "ref", **kwargs)
+    engine.initialize()
+    return engine
+
+
+def sgd(role_cfg, lr: float = 1.0):
+    """Plain SGD (the update is lr * grad, so parameter deltas compare gradients)."""
+    with open_dict(role_cfg):
+        role_cfg.optim.optimizer = "SGD"
+        role_cfg.optim.lr = lr
+        role_cfg.optim.weight_decay = 0.0
+    return role_cfg

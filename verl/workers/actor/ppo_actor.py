@@ -1,0 +1,133 @@
+"""The PPO actor role: per-token log-probs of responses and the policy update, on any training engine.
+
+The role owns what is PPO-specific (mini-batches and epochs, the policy-loss function with its entropy
+and KL terms); the engine owns the model, micro-batching, packing, parallelism and the optimizer. Each
+micro-batch's loss is scaled by global token / sequence counts (``global_batch_info``, computed by the
+engine) so the update does not depend on how the batch was split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.ppo import core_algos
+from verl.utils.py_functional import append_to_dict
+from verl.workers.engine.base import BaseEngine, response_slice
+
+_LOG_PROB_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
+
+
+class LossConfig:
+    """Attribute view over the actor config plus ``global_batch_info``, as core_algos' loss functions expect."""
+
+    def __init__(self, cfg, global_batch_info: dict):
+        self._cfg = cfg
+        self.global_batch_info = global_batch_info
+
+    def __getattr__(self, name):
+        return getattr(self._cfg, name)
+
+    def get(self, name, default=None):
+        if name == "global_batch_info":
+            return self.global_batch_info
+        return self._cfg.get(name, default)
+
+
+class PolicyLoss:
+    """The engine's loss function for the actor: the configured policy loss (``policy_loss.loss_mode``), minus
+    ``entropy_coeff`` * entropy, plus ``kl_loss_coef`` * KL to the reference when ``use_kl_loss``."""
+
+    # Loss metrics are normalised over the global mini-batch in each micro-batch's share, so their
+    # per-micro-batch values add up to the mini-batch value; ratios like clipfrac are averaged instead.
+    summed_metrics = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
+
+    def __init__(self, config):
+        self.config = config
+        self.policy_loss_fn = core_algos.get_policy_loss_fn(config.policy_loss.get("loss_mode", "vanilla"))
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.config.entropy_coeff != 0 or bool(self.config.get("calculate_entropy", True))
+
+    def __call__(self, outputs: dict, mb: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        response_length = mb["responses"].size(-1)
+        info = dict(mb["global_batch_info"])
+        loss_cfg = LossConfig(cfg, {**info, "loss_scale_factor": cfg.get("loss_scale_factor")})
+        loss_agg_mode = cfg.loss_agg_mode
+        log_prob = response_slice(outputs["log_probs"], response_length)
+        response_mask = mb["response_mask"].to(torch.float32)
+        pg_loss, pg_metrics = self.policy_loss_fn(
+            old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"],
+            response_mask=response_mask, loss_agg_mode=loss_agg_mode, config=loss_cfg,
+            rollout_is_weights=mb.get("rollout_is_weights"),
+        )
+        loss = pg_loss
+        metrics = {"actor/pg_loss": pg_loss.detach().item(), **{k: float(v) for k, v in pg_metrics.items()}}
+        if "entropy" in outputs:
+            entropy = response_slice(outputs["entropy"], response_length)
+            ent_loss = core_algos.agg_loss(entropy, response_mask, loss_agg_mode, **info)
+            if cfg.entropy_coeff != 0:
+                loss = loss - cfg.entropy_coeff * ent_loss
+            metrics["actor/entropy"] = ent_loss.detach().item()
+        if cfg.use_kl_loss:
+            kld = core_algos.kl_penalty(log_prob, mb["ref_log_prob"], kl_penalty=cfg.kl_loss_type)
+            kl_loss = core_algos.agg_loss(kld, response_mask, loss_agg_mode, **info)
+            loss = loss + kl_loss * cfg.kl_loss_coef
+            metrics["actor/kl_loss"] = kl_loss.detach().item()
+            metrics["actor/kl_coef"] = cfg.kl_loss_coef
+        return loss, metrics
+
+
+class PPOActor:
+    """The policy (``engine.role == "actor"``) or the frozen reference policy (``"ref"``) on one engine."""
+
+    def __init__(self, config, engine: BaseEngine):
+        self.config = config
+        self.engine = engine
+
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
+        """Per-token log-probs (and entropies) of ``data``'s responses under the current weights, (B, R) on CPU.
+
+        ``data.meta_info`` carries ``temperature`` and the micro-batching (``micro_batch_size`` or
+        ``use_dynamic_bsz`` + ``max_token_len``)."""
+        response_length = data.batch["responses"].size(-1)
+        non_tensor = ["multi_modal_inputs"] if "multi_modal_inputs" in data.non_tensor_batch else []
+        view = data.select(batch_keys=list(_LOG_PROB_KEYS), non_tensor_batch_keys=non_tensor)
+        view.meta_info = dict(data.meta_info)
+        outputs = ("log_probs", "entropy") if calculate_entropy else ("log_probs",)
+        out = self.engine.infer_batch(view, outputs=outputs)
+        log_probs = response_slice(out["log_probs"], response_length)
+        entropy = response_slice(out["entropy"], response_length) if calculate_entropy else None
+        return log_probs, entropy
+
+    def update_policy(self, data: DataProto) -> dict[str, Any]:
+        """``ppo_epochs`` passes over ``data`` in mini-batches of ``ppo_mini_batch_size`` (per rank, in
+        responses); one optimizer step each. Returns lists of per-mini-batch metrics."""
+        cfg = self.config
+        keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "old_log_probs",
+                "advantages"]
+        if cfg.use_kl_loss:
+            keys.append("ref_log_prob")
+        if "rollout_is_weights" in data.batch.keys():
+            keys.append("rollout_is_weights")
+        non_tensor = ["multi_modal_inputs"] if "multi_modal_inputs" in data.non_tensor_batch else []
+        meta = {"temperature": data.meta_info["temperature"],
+                "micro_batch_size": cfg.get("ppo_micro_batch_size_per_gpu"),
+                "use_dynamic_bsz": bool(cfg.get("use_dynamic_bsz", False)),
+                "max_token_len": cfg.get("ppo_max_token_len_per_gpu")}
+        data = data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor)
+        loss_fn = PolicyLoss(cfg)
+        outputs = ("log_probs", "entropy") if loss_fn.needs_entropy else ("log_probs",)
+        metrics: dict[str, list] = {}
+        for _epoch in range(cfg.ppo_epochs):
+            for mini in data.split(cfg.ppo_mini_batch_size):
+                mini.meta_info = dict(meta)
+                step = self.engine.train_batch(mini, loss_fn, outputs=outputs)
+                step["actor/grad_norm"] = step.pop("grad_norm")
+                append_to_dict(metrics, step)
+        return metrics

@@ -1,0 +1,53 @@
+"""Splitting a rank's batch into micro-batches: fixed size, or balanced under a token budget (dynamic bsz)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from verl.protocol import DataProto
+
+
+def merge_mm_inputs(rows: list[dict]) -> dict:
+    """Concatenate per-row processor outputs (pixel_values, image_grid_thw, ...) along dim 0."""
+    rows = [r for r in rows if r]
+    if not rows:
+        return {}
+    keys = rows[0].keys()
+    return {k: torch.cat([r[k] for r in rows if k in r], dim=0) for k in keys}
+
+
+def split_micro_batches(data: DataProto, micro_batch_size: Optional[int], use_dynamic_bsz: bool,
+                        max_token_len: Optional[int], sp_size: int, device: torch.device, with_mm: bool = True
+                        ) -> tuple[list[dict], Optional[list[int]]]:
+    """``(micro-batches as dicts of device tensors, flat row order or None)``.
+
+    Fixed size keeps the row order. Dynamic bsz packs rows into micro-batches of at most ``max_token_len``
+    real tokens per rank (times the SP size: each SP rank holds 1/sp of a packed row) and returns the order
+    the rows were visited in, which the caller inverts."""
+    batch = data.batch
+    n = len(data)
+    if use_dynamic_bsz:
+        if not max_token_len:
+            raise ValueError("use_dynamic_bsz needs a token budget (ppo_max_token_len_per_gpu / "
+                             "log_prob_max_token_len_per_gpu)")
+        from verl.utils.seqlen_balancing import rearrange_micro_batches
+
+        micro_tds, groups = rearrange_micro_batches(batch, max_token_len=int(max_token_len) * sp_size)
+        order = [i for g in groups for i in g]
+    else:
+        size = int(micro_batch_size or n)
+        groups = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+        micro_tds = [batch[g[0] : g[-1] + 1] for g in groups]
+        order = None
+    has_mm = with_mm and "multi_modal_inputs" in data.non_tensor_batch
+    micro = []
+    for td, g in zip(micro_tds, groups):
+        # Batches travel on CPU between controller and workers; compute happens on the model's device.
+        mb = {k: td[k].to(device) for k in td.keys()}
+        if has_mm:
+            mm = merge_mm_inputs([data.non_tensor_batch["multi_modal_inputs"][i] for i in g])
+            mb["multi_modal_inputs"] = {k: v.to(device) for k, v in mm.items()}
+        micro.append(mb)
+    return micro, order

@@ -1,0 +1,177 @@
+"""Builds what the FSDP engine trains: the HF model (patched, LoRA'd, value head, FSDP2-sharded), optimizer
+and LR scheduler, from upstream's config sections (``model``, ``fsdp_config``, ``optim``)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from verl.utils.device import get_device_name
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "fp32": torch.float32, "float32": torch.float32}
+
+
+@dataclass
+class BuiltModel:
+    module: torch.nn.Module
+    spec: Any = None
+    use_remove_padding: bool = False
+    use_fused_kernels: bool = False
+    is_lora: bool = False
+    info: dict = field(default_factory=dict)
+
+
+def torch_dtype(name: Any, default: torch.dtype, key: str = "dtype") -> torch.dtype:
+    if name is None:
+        return default
+    if isinstance(name, torch.dtype):
+        return name
+    if str(name) not in _DTYPES:
+        raise ValueError(f"{key}={name!r} is not a dtype; use one of {sorted(_DTYPES)}")
+    return _DTYPES[str(name)]
+
+
+def import_external_lib(model_cfg) -> None:
+    """``model.external_lib``: import the named module(s) before the model is built, so custom HF models
+    register themselves with transformers' Auto classes (upstream's key)."""
+    libs = model_cfg.get("external_lib") if model_cfg is not None else None
+    if not libs:
+        return
+    for name in [libs] if isinstance(libs, str) else list(libs):
+        try:
+            importlib.import_module(str(name))
+        except ImportError as exc:
+            raise ImportError(f"model.external_lib={name!r} could not be imported ({exc}); install it or fix the "
+                              "module name") from exc
+        logger.info("imported model.external_lib %s", name)
+
+
+def apply_liger(model: torch.nn.Module) -> None:
+    """``model.use_liger``: Liger's fused kernels patched into this model instance."""
+    try:
+        from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+    except ImportError as exc:
+        raise ImportError(
+            "actor_rollout_ref.model.use_liger=true needs the liger-kernel package (`pip install liger-kernel`), "
+            f"which is not importable here ({exc}); install it or set model.use_liger=false"
+        ) from exc
+    _apply_liger_kernel_to_instance(model=model)
+    logger.info("applied Liger kernels to %s", type(model).__name__)
+
+
+def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enable_gc: bool = False,
+                 use_fused_kernels: Optional[bool] = None) -> BuiltModel:
+    """Load the HF model for ``role`` (actor/ref/critic/sft) through its model spec, patch it, add LoRA or
+    the value head, and shard it with FSDP2."""
+    from verl.models.registry import get_model_spec, load_hf_model
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+    from verl.utils.fsdp_utils import apply_fsdp2, create_device_mesh
+    from verl.utils.tokenizer import local_model_path
+
+    fsdp_cfg = fsdp_cfg if fsdp_cfg is not None else {}
+    import_external_lib(model_cfg)
+    path = local_model_path(model_cfg)
+    device = get_device_name()
+    on_cpu = device == "cpu"
+    # Master weights in fsdp_config.model_dtype (fp32 by default, as upstream); bf16 compute on accelerators
+    # through the mixed-precision policy below. override_config entries are config kwargs of from_pretrained.
+    dtype = torch_dtype(fsdp_cfg.get("model_dtype"), torch.float32, "fsdp_config.model_dtype")
+    model = load_hf_model(path, dtype=dtype, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+                          declared_model_type=model_cfg.get("model_type"),
+                          **dict(model_cfg.get("override_config") or {}))
+    spec = get_model_spec(model.config)
+    if bool(model_cfg.get("use_liger", False)):
+        apply_liger(model)
+    if role == "critic":
+        from verl.workers.critic.value_model import ValueModel
+
+        model = ValueModel(model).to(dtype)
+    use_rmpad = bool(model_cfg.get("use_remove_padding", True)) and spec.packs_with(model.config)
+    if use_fused_kernels is None:
+        use_fused_kernels = bool(model_cfg.get("use_fused_kernels", False))
+    use_fused = use_fused_kernels and role not in ("critic",)
+    fused_backend = (model_cfg.get("fused_kernel_options") or {}).get("impl_backend", "torch") if use_fused else None
+    if ulysses_sp_size > 1 and not use_rmpad:
+        raise ValueError(f"ulysses_sequence_parallel_size={ulysses_sp_size} needs packed sequences "
+                         f"(model.use_remove_padding=true on a model whose spec supports packing; "
+                         f"{spec.architecture} packs: {spec.packs_with(model.config)})")
+    apply_monkey_patch(model, ulysses_sp_size=ulysses_sp_size, use_remove_padding=use_rmpad,
+                       use_fused_kernels=use_fused, fused_kernels_backend=fused_backend)
+    if enable_gc:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    from verl.workers.lora import apply_lora, lora_enabled
+
+    is_lora = role in ("actor", "sft") and lora_enabled(model_cfg)
+    if is_lora:
+        model = apply_lora(model, model_cfg)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mesh = create_device_mesh(world, int(fsdp_cfg.get("fsdp_size", -1) or -1), "cpu" if on_cpu else device)
+    mp = None
+    if not on_cpu:
+        param_dtype = torch_dtype((fsdp_cfg.get("mixed_precision") or {}).get("param_dtype"), torch.bfloat16,
+                                  "fsdp_config.mixed_precision.param_dtype")
+        if param_dtype != dtype:
+            mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
+        model = model.to(device)
+    apply_fsdp2(model, mesh, mp, param_offload=bool(fsdp_cfg.get("param_offload", False)) and not on_cpu,
+                reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
+                wrap_policy=fsdp_cfg.get("wrap_policy"))
+    if role == "ref":
+        model.requires_grad_(False)
+    return BuiltModel(model, spec=spec, use_remove_padding=use_rmpad, use_fused_kernels=use_fused, is_lora=is_lora,
+                      info={"path": path, "model_type": getattr(model.config, "model_type", None)})
+
+
+# ------------------------------------------------------------------------------------------ optimizer
+def build_optimizer(module: torch.nn.Module, optim_cfg) -> torch.optim.Optimizer:
+    """``optim.optimizer`` from ``optim.optimizer_impl`` (AdamW from torch.optim by default) over the trainable
+    parameters, with the config's lr / weight decay / betas / eps where the class takes them, plus
+    ``override_optimizer_config``."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters (check lora/target_modules settings)")
+    impl = str(optim_cfg.get("optimizer_impl") or "torch.optim")
+    name = str(optim_cfg.get("optimizer") or "AdamW")
+    try:
+        cls = getattr(importlib.import_module(impl), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"optim.optimizer={name!r} was not found in optim.optimizer_impl={impl!r} ({exc})") from exc
+    accepted = inspect.signature(cls.__init__).parameters
+    kwargs = {"lr": optim_cfg.lr, "weight_decay": optim_cfg.get("weight_decay", 0.01)}
+    if "betas" in accepted:
+        kwargs["betas"] = tuple(optim_cfg.get("betas", (0.9, 0.999)))
+    if "eps" in accepted:
+        kwargs["eps"] = optim_cfg.get("eps", 1e-8)
+    override = optim_cfg.get("override_optimizer_config") or {}
+    kwargs.update(dict(override))
+    return cls(params, **kwargs)
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg):
+    """Linear warm-up, then constant or cosine decay (``optim.lr_scheduler_type``, alias ``warmup_style``)."""
+    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+    total = int(optim_cfg.get("total_training_steps", 0) or 0)
+    warmup = int(optim_cfg.get("lr_warmup_steps", -1) if optim_cfg.get("lr_warmup_steps") is not None else -1)
+    if warmup < 0:
+        warmup = int(float(optim_cfg.get("lr_warmup_steps_ratio", 0.0)) * max(total, 0))
+    style = optim_cfg.get("lr_scheduler_type") or optim_cfg.get("warmup_style") or "constant"
+    if style == "constant":
+        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
+    if style == "cosine":
+        if total <= 0:
+            raise ValueError("optim.lr_scheduler_type=cosine needs the total number of training steps")
+        return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=warmup, num_training_steps=total,
+                                               min_lr_ratio=float(optim_cfg.get("min_lr_ratio") or 0.0),
+                                               num_cycles=float(optim_cfg.get("num_cycles", 0.5)))
+    raise ValueError(f"optim.lr_scheduler_type={style!r} is not supported; use constant or cosine")
