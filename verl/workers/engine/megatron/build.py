@@ -52,7 +52,10 @@ def init_parallel_state(s: MegatronSettings) -> None:
         if world % s.model_parallel_size:
             raise ValueError(f"tensor * pipeline * context parallel size ({s.model_parallel_size}) must divide the "
                              f"world size ({world}); change actor_rollout_ref.actor.megatron.*_parallel_size")
+        # DP outermost ("...-pp-dp"): each data-parallel replica is a block of consecutive ranks, which is how
+        # the worker group hands out data (verl.single_controller.worker_group.dp_rank).
         ps.initialize_model_parallel(
+            order="tp-cp-ep-pp-dp",
             tensor_model_parallel_size=s.tp, pipeline_model_parallel_size=s.pp,
             virtual_pipeline_model_parallel_size=s.vpp if (s.vpp or 1) > 1 else None,
             context_parallel_size=s.cp, expert_model_parallel_size=s.ep, expert_tensor_parallel_size=s.etp)
