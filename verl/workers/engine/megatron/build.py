@@ -62,7 +62,7 @@ def init_parallel_state(s: MegatronSettings) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(s.seed)
 
 
-def build_model_chunks(tfconfig, hf_config, init_fn: Callable, s: MegatronSettings, tie_embeddings: bool,
+def build_model_chunks(tfconfig, hf_config, init_fn: Callable, s: MegatronSettings, tie_embeddings: Optional[bool],
                        value: bool = False) -> list[torch.nn.Module]:
     """One model chunk per virtual pipeline stage of this rank, on the GPU, in the training dtype."""
     from megatron.core import parallel_state as ps

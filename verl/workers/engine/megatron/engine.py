@@ -56,6 +56,7 @@ class MegatronEngine(BaseEngine):
                            "megatron.use_remove_padding; packing is off for this engine")
         prefix = {"ref": "actor_rollout_ref.ref.megatron", "critic": "critic.megatron"}.get(
             role, "actor_rollout_ref.actor.megatron")
+        self._prefix = prefix
         self.settings: MegatronSettings = read_settings(engine_config, model_rp, prefix=prefix)
         self.forward_only = self.settings.forward_only or role == "ref"
         self.model: list[torch.nn.Module] = []
@@ -81,16 +82,29 @@ class MegatronEngine(BaseEngine):
             if value is None:  # null = megatron-core's default (upstream's yaml lists the recompute keys so)
                 overrides.pop(key)
         if "attention_backend" in overrides and isinstance(overrides["attention_backend"], str):
+            import importlib.util
+
             from megatron.core.transformer.enums import AttnBackend
 
+            if importlib.util.find_spec("transformer_engine") is None and overrides["attention_backend"] != "auto":
+                logger.warning("override_transformer_config.attention_backend=%s picks a Transformer Engine attention "
+                               "backend; without Transformer Engine the model's local attention kernel is used",
+                               overrides["attention_backend"])
+
             overrides["attention_backend"] = AttnBackend[overrides["attention_backend"]]
+        from megatron.core.transformer import TransformerConfig
+
+        unknown = sorted(set(overrides) - set(TransformerConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"{self._prefix}.override_transformer_config has keys {unknown} that megatron-core's "
+                             "TransformerConfig does not have")
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[s.dtype]
         self.tfconfig = registry.hf_to_mcore_config(
             self.hf_config, dtype, tensor_model_parallel_size=s.tp, pipeline_model_parallel_size=s.pp,
             virtual_pipeline_model_parallel_size=s.vpp if (s.vpp or 1) > 1 else None,
             context_parallel_size=s.cp, expert_model_parallel_size=s.ep, expert_tensor_parallel_size=s.etp,
             sequence_parallel=s.sequence_parallel, **overrides)
-        tie = bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        tie = None  # follow the checkpoint's tie_word_embeddings (its text config for VL checkpoints)
         self.forward_fn = registry.get_mcore_forward_fn(self.hf_config)
         self.converter = registry.get_mcore_weight_converter(self.hf_config)
         is_value = self.role == "critic"
