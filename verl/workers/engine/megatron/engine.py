@@ -258,8 +258,8 @@ class MegatronEngine(BaseEngine):
         def loss_func(mb: dict, packed, index: int, output: torch.Tensor):
             outs = self._token_outputs(output, packed)
             collected.append((index, {k: v.detach() for k, v in outs.items()}))
-            if loss_fn is None:
-                return output.new_zeros(()), {}
+            if loss_fn is None:  # forward only: the schedule still wants a scalar "loss"
+                return torch.zeros((), device=torch.device("cuda", torch.cuda.current_device())), {}
             mb = dict(mb)
             mb["global_batch_info"] = global_info
             loss, m = loss_fn(outs, mb)
