@@ -380,10 +380,18 @@ class MegatronEngine(BaseEngine):
     # ------------------------------------------------------------------ weights / checkpoints
     def get_per_tensor_param(self, bucket_megabytes: float = 512, layered: bool = False
                              ) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors (collective); offloaded weights come back for the walk and leave after it."""
         from .weights import iter_hf_weights
 
         self.to("device", model=True, optimizer=False, grad=False)
-        return iter_hf_weights(self, bucket_megabytes=bucket_megabytes)
+
+        def walk():
+            try:
+                yield from iter_hf_weights(self, bucket_megabytes=bucket_megabytes)
+            finally:
+                self._offload_idle()
+
+        return walk()
 
     def hf_rollout_module(self) -> torch.nn.Module:
         """The HF module the ``hf`` rollout generates with: an HF copy of the policy (the Megatron chunks
@@ -393,7 +401,6 @@ class MegatronEngine(BaseEngine):
         if self._hf_rollout is None:
             self._hf_rollout = build_hf_module(self)
             sync_hf_module(self, self._hf_rollout)  # the engine may start from a dist checkpoint
-            self._offload_idle()
         return self._hf_rollout
 
     def sync_hf_rollout_module(self) -> None:
@@ -402,7 +409,6 @@ class MegatronEngine(BaseEngine):
 
         if self._hf_rollout is not None:
             sync_hf_module(self, self._hf_rollout)
-            self._offload_idle()
 
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: Optional[int] = None) -> None:
         from .checkpoint import save_checkpoint

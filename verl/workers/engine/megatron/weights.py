@@ -209,7 +209,7 @@ def sync_hf_module(engine: "MegatronEngine", module: torch.nn.Module) -> None:
 
     params = dict(module.named_parameters())
     written = []
-    for name, tensor in iter_hf_weights(engine):
+    for name, tensor in engine.get_per_tensor_param():
         written.append(name)
         if name in params:
             params[name].copy_(tensor.to(params[name].dtype))
