@@ -244,3 +244,15 @@ def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
     loaded = _load(args[2:] if args[:1] == ["--config-name"] else args)
     assert loaded.actor_rollout_ref.actor.strategy == "megatron"
     assert loaded.actor_rollout_ref.actor.megatron.use_remove_padding is True
+
+
+def test_data_parallel_size_of_megatron_roles(qwen35_dir):
+    """Each data-parallel replica is TP * PP * CP consecutive ranks (the engine lays DP out outermost)."""
+    from verl.trainer.main_ppo import build_role_specs, role_dp_sizes
+    from verl.workers.engine_workers import ranks_per_dp_replica
+
+    cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}"])
+    assert ranks_per_dp_replica(cfg.actor_rollout_ref.actor) == 4  # TP 2 x PP 2
+    assert ranks_per_dp_replica({"strategy": "fsdp2", "ulysses_sequence_parallel_size": 2}) == 2
+    if HAS_MCORE:
+        assert role_dp_sizes(cfg, build_role_specs(cfg, use_critic=False)) == {"actor_rollout": 4}
