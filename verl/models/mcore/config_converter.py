@@ -225,9 +225,9 @@ def check_parallel_sizes(
         if getattr(text, "shared_expert_intermediate_size", 0):
             need(text.shared_expert_intermediate_size, tp, "shared_expert_intermediate_size",
                  "tensor_model_parallel_size")
-        if ep > 1 and tp > 1 and sequence_parallel is False:
-            msgs.append(f"{k('sequence_parallel')}=False: megatron-core needs sequence parallelism when both "
-                        "expert and tensor parallelism are used; set it to True")
+        if tp > 1 and sequence_parallel is False:
+            msgs.append(f"{k('sequence_parallel')}=False: megatron-core needs sequence parallelism for a MoE "
+                        "model with tensor parallelism; set it to True")
     elif ep > 1:
         msgs.append(f"{k('expert_model_parallel_size')}={ep} needs a MoE model; this checkpoint is dense")
     chunks = pp * (vpp or 1)

@@ -34,22 +34,23 @@ def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, tp_grou
         if tp > 1:
             torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX, group=tp_group)
     shifted = logits - m.unsqueeze(-1)
-    sum_exp = shifted.exp().sum(-1)
+    exp = shifted.exp()
+    sum_exp = exp.sum(-1)
     local_labels = labels - start
     inside = (local_labels >= 0) & (local_labels < local_v)
     picked = shifted.gather(-1, local_labels.clamp(0, local_v - 1).unsqueeze(-1)).squeeze(-1) * inside
+    # Every cross-rank dependency goes through one reduce whose result is identical on all ranks, so the
+    # reduce's identity backward is exact (a local term using the *reduced* log-partition, as in
+    # sum(softmax * logits) per shard, would miss the other shards' share of its gradient).
+    weighted = (exp * shifted).sum(-1) if calculate_entropy else None
     if tp > 1:
         sum_exp = reduce_from_tensor_model_parallel_region(sum_exp, tp_group)
         picked = reduce_from_tensor_model_parallel_region(picked, tp_group)
+        if weighted is not None:
+            weighted = reduce_from_tensor_model_parallel_region(weighted, tp_group)
     log_z = sum_exp.log()
     log_probs = picked - log_z
-    entropy = None
-    if calculate_entropy:
-        probs = (shifted - log_z.unsqueeze(-1)).exp()
-        expected = (probs * shifted).sum(-1)
-        if tp > 1:
-            expected = reduce_from_tensor_model_parallel_region(expected, tp_group)
-        entropy = log_z - expected
+    entropy = log_z - weighted / sum_exp if calculate_entropy else None
     return log_probs, entropy
 
 

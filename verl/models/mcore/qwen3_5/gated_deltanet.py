@@ -68,6 +68,23 @@ class Qwen35GatedDeltaNet(MegatronModule):
         self.A_log.copy_(torch.empty_like(self.A_log, dtype=torch.float32).uniform_(1, 16).log())
         self.dt_bias.fill_(1.0)
 
+    def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+        """Distributed-checkpoint view: conv1d / A_log / dt_bias are split over tensor ranks along dim 0, the
+        output norm is replicated. The fused in_proj and conv1d hold per-rank component blocks, so a distributed
+        checkpoint resumes at the same tensor-parallel size (export to HF to change it)."""
+        from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
+
+        metadata = ensure_metadata_has_dp_cp_group(metadata)
+        own = {"conv1d.weight": self.conv1d.weight, "A_log": self.A_log, "dt_bias": self.dt_bias,
+               "norm.weight": self.norm.weight}
+        out = make_sharded_tensors_for_checkpoint(
+            own, prefix, {"conv1d.weight": 0, "A_log": 0, "dt_bias": 0}, sharded_offsets,
+            tp_group=self.tp_group, dp_cp_group=metadata["dp_cp_group"],
+        )
+        for child in ("in_proj", "out_proj"):
+            out.update(getattr(self, child).sharded_state_dict(f"{prefix}{child}.", sharded_offsets, metadata))
+        return out
+
     def forward(self, hidden_states, attention_mask=None, inference_context=None, rotary_pos_emb=None,
                 rotary_pos_cos=None, rotary_pos_sin=None, rotary_pos_cos_sin=None, attention_bias=None,
                 packed_seq_params=None, sequence_len_offset=None, **kwargs):
