@@ -94,3 +94,26 @@ def test_load_hf_model(tmp_path):
     tf.BertModel(bert).save_pretrained(tmp_path / "bert")
     with pytest.raises(ValueError, match="not a causal language model"):
         load_hf_model(str(tmp_path / "bert"))
+
+
+# ------------------------------------------------------------------ the spec carries the model knowledge
+def test_spec_carries_patches_lora_weight_sync_flops_and_mcore_names():
+    from verl.models.registry import QWEN35_ALL_LINEAR, SUPPORTED_ARCHITECTURES, get_model_spec
+    from verl.utils.registry import Registry
+
+    assert isinstance(SUPPORTED_ARCHITECTURES, Registry)
+    dense = SUPPORTED_ARCHITECTURES["Qwen3_5ForCausalLM"]
+    moe = SUPPORTED_ARCHITECTURES.get_or_raise("Qwen3_5MoeForConditionalGeneration")
+    assert dense.patches == "qwen3_5" and dense.native_packing and dense.lora_all_linear == QWEN35_ALL_LINEAR
+    assert dense.lora_fused_expert_params == () and moe.lora_fused_expert_params
+    assert dense.resolve("weight_sync_layout").__name__ == "Qwen35Layout"
+    assert callable(dense.resolve("flops_fn")) and moe.mcore_model == "Qwen3_5MoeForConditionalGeneration"
+
+    from transformers import LlamaConfig
+
+    generic = get_model_spec(LlamaConfig(architectures=["LlamaForCausalLM"]))
+    assert generic.patches is None and generic.lora_all_linear is None and generic.mcore_model is None
+    assert not generic.packs_with(LlamaConfig())  # HF packing by position ids needs flash-attn varlen
+    fa2 = LlamaConfig()
+    fa2._attn_implementation = "flash_attention_2"
+    assert generic.packs_with(fa2) and dense.packs_with(LlamaConfig())

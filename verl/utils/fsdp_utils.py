@@ -49,8 +49,8 @@ def wrap_targets(model: torch.nn.Module, wrap_policy=None) -> list[torch.nn.Modu
     """The sub-modules that get their own ``fully_shard`` unit (children before parents), from upstream's
     ``fsdp_config.wrap_policy``:
 
-    * ``min_num_params > 0``: size-based, as FSDP1's size policy: walking bottom-up, a module whose parameters
-      not yet in a unit reach ``min_num_params`` becomes a unit;
+    * ``min_num_params > 0``: size-based, as FSDP1's size policy: walking bottom-up, a block (a module with
+      children, not a container) whose parameters not yet in a unit reach ``min_num_params`` becomes a unit;
     * otherwise ``transformer_layer_cls_to_wrap`` (class names; default the model's ``_no_split_modules``,
       i.e. every decoder layer and vision block), or the first ModuleList of blocks for models without it.
     """
@@ -68,7 +68,10 @@ def wrap_targets(model: torch.nn.Module, wrap_policy=None) -> list[torch.nn.Modu
             results = [visit(c) for c in m.children()]
             remaining = sum(r[0] for r in results) + sum(p.numel() for p in own)
             holds_tied = any(r[1] for r in results) or any(id(p) in tied for p in own)
-            if m is not model and not holds_tied and remaining >= min_params:
+            # Blocks only: containers have no forward to hook, and a leaf layer's weight may be read directly
+            # by its parent's forward (the patched Gated DeltaNet reads conv1d.weight), bypassing FSDP's hooks.
+            block = bool(results) and not isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict))
+            if m is not model and block and not holds_tied and remaining >= min_params:
                 targets.append(m)
                 return 0, False
             return remaining, holds_tied

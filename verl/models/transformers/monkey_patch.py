@@ -73,6 +73,12 @@ def _patch_qwen3_5_modules(model: nn.Module) -> int:
     return count
 
 
+def modeling_module_name(module: nn.Module) -> str:
+    """The transformers modeling file of ``module``'s class, seen through FSDP2's wrapper subclass (which
+    lives in torch's FSDP package): patched forwards look their helpers up there."""
+    return _base_class(module).__module__
+
+
 def _base_class(module: nn.Module) -> type:
     for cls in type(module).__mro__:
         if not cls.__name__.startswith("FSDP"):

@@ -58,7 +58,9 @@ def _rotary_helper(module):
     # The rotary helper is a plain function of the module's own modeling file (dense or MoE); reuse it.
     import importlib
 
-    return importlib.import_module(type(module).__module__).apply_rotary_pos_emb
+    from verl.models.transformers.monkey_patch import modeling_module_name
+
+    return importlib.import_module(modeling_module_name(module)).apply_rotary_pos_emb
 
 
 def gated_attention_forward(

@@ -24,6 +24,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, MoeModelOutpu
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5CausalLMOutputWithPast
 
 from verl.utils import ulysses as uly
+from verl.models.transformers.monkey_patch import modeling_module_name
 
 # ----------------------------------------------------------------------------------------------------------------
 # Packed-row bookkeeping
@@ -231,7 +232,7 @@ def text_model_forward(
             full = hidden_states.new_zeros(batch * local_len, hidden)
             hidden_states = full.index_copy(0, index, hidden_states[0])
         hidden_states = hidden_states.reshape(batch, local_len, hidden)
-    out_cls = MoeModelOutputWithPast if "moe" in type(self).__module__ else BaseModelOutputWithPast
+    out_cls = MoeModelOutputWithPast if "moe" in modeling_module_name(self) else BaseModelOutputWithPast
     return out_cls(last_hidden_state=hidden_states)
 
 
@@ -318,7 +319,7 @@ def vl_model_forward(
 
     lm_inputs = {"inputs_embeds": inputs_embeds, "attention_mask": attention_mask, "position_ids": position_ids}
     hidden = self.language_model(use_cache=False, cu_seqlens=cu_seqlens, **lm_inputs).last_hidden_state
-    out_mod = importlib.import_module(type(self).__module__)
+    out_mod = importlib.import_module(modeling_module_name(self))
     out_cls = getattr(out_mod, "Qwen3_5MoeModelOutputWithPast", None) or getattr(out_mod, "Qwen3_5ModelOutputWithPast")
     return out_cls(last_hidden_state=hidden)
 

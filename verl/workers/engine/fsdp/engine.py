@@ -37,8 +37,11 @@ def warn_fsdp_alias(strategy: Optional[str]) -> bool:
     if strategy != "fsdp" or _alias_warned:
         return False
     _alias_warned = True
-    logger.warning("strategy=fsdp: this project builds FSDP2 only, so the run uses FSDP2 (fully_shard); set "
-                   "strategy=fsdp2 to silence this warning")
+    message = ("strategy=fsdp: this project builds FSDP2 only, so the run uses FSDP2 (fully_shard); set "
+               "strategy=fsdp2 to silence this warning")
+    logger.warning(message)
+    if not dist.is_initialized() or dist.get_rank() == 0:  # worker logs reach the driver's output via stdout
+        print(f"[verl.engine] WARNING: {message}", flush=True)
     return True
 
 
@@ -162,7 +165,8 @@ class FSDPEngine(BaseEngine):
                 return verl_F.entropy_from_logits_with_chunking(logits.reshape(-1, shape[-1]), chunk).view(shape[:-1])
         else:
             fn = verl_F.entropy_from_logits
-        if bool(_get(cfg, "use_torch_compile", True)):
+        # fsdp_config.use_torch_compile (the engine's key) and the role's use_torch_compile (actor/ref)
+        if bool(_get(cfg, "use_torch_compile", True)) and bool(_get(self.role_config, "use_torch_compile", True)):
             from .compile import maybe_compile
 
             fn = maybe_compile(fn)

@@ -101,6 +101,10 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
         use_fused_kernels = bool(model_cfg.get("use_fused_kernels", False))
     use_fused = use_fused_kernels and role not in ("critic",)
     fused_backend = (model_cfg.get("fused_kernel_options") or {}).get("impl_backend", "torch") if use_fused else None
+    from verl.models.kernels import report_kernels
+
+    report_kernels(spec, use_rmpad, on_cuda=not on_cpu and device == "cuda",
+                   rank0=not dist.is_initialized() or dist.get_rank() == 0)
     if ulysses_sp_size > 1 and not use_rmpad:
         raise ValueError(f"ulysses_sequence_parallel_size={ulysses_sp_size} needs packed sequences "
                          f"(model.use_remove_padding=true on a model whose spec supports packing; "
@@ -118,8 +122,10 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
     mesh = create_device_mesh(world, int(fsdp_cfg.get("fsdp_size", -1) or -1), "cpu" if on_cpu else device)
     mp = None
     if not on_cpu:
-        param_dtype = torch_dtype((fsdp_cfg.get("mixed_precision") or {}).get("param_dtype"), torch.bfloat16,
-                                  "fsdp_config.mixed_precision.param_dtype")
+        # compute dtype: fsdp_config.dtype (upstream's engine key), or the older mixed_precision.param_dtype
+        legacy = (fsdp_cfg.get("mixed_precision") or {}).get("param_dtype")
+        param_dtype = torch_dtype(legacy if legacy is not None else fsdp_cfg.get("dtype"), torch.bfloat16,
+                                  "fsdp_config.dtype")
         if param_dtype != dtype:
             mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
         model = model.to(device)
