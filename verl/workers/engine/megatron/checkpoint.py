@@ -183,7 +183,10 @@ def _save_dist(engine: "MegatronEngine", path: str, contents: list[str]) -> None
 
 
 def _dist_state(engine: "MegatronEngine", contents: list[str], is_loading: bool = False) -> dict:
-    model_sd = {f"model{i}": m.sharded_state_dict() for i, m in enumerate(engine.model)}
+    from verl.utils.megatron_utils import unwrap_model
+
+    # The unwrapped model's keys: the same checkpoint loads with or without DDP (the reference engine).
+    model_sd = {f"model{i}": unwrap_model(m).sharded_state_dict() for i, m in enumerate(engine.model)}
     state = dict(model_sd) if "model" in contents else {}
     if "optimizer" in contents and engine.optimizer is not None:
         state["optimizer"] = engine.optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
@@ -195,8 +198,10 @@ def _load_dist(engine: "MegatronEngine", path: str, contents: list[str]) -> None
 
     state = dist_checkpointing.load(_dist_state(engine, contents, is_loading=True), path)
     if "model" in contents:
+        from verl.utils.megatron_utils import unwrap_model
+
         for i, m in enumerate(engine.model):
-            m.load_state_dict(state[f"model{i}"], strict=False)
+            unwrap_model(m).load_state_dict(state[f"model{i}"], strict=True)
     if "optimizer" in state and engine.optimizer is not None:
         engine.optimizer.load_state_dict(state["optimizer"])
 
@@ -208,7 +213,7 @@ def load_dist_model(chunks: list, path: str) -> None:
     sharded = {f"model{i}": m.sharded_state_dict() for i, m in enumerate(chunks)}
     loaded = dist_checkpointing.load(sharded, path)
     for i, m in enumerate(chunks):
-        m.load_state_dict(loaded[f"model{i}"], strict=False)
+        m.load_state_dict(loaded[f"model{i}"], strict=True)
 
 
 # ------------------------------------------------------------------------------------ HF export
