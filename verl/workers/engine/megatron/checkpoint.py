@@ -204,6 +204,8 @@ def _load_dist(engine: "MegatronEngine", path: str, contents: list[str]) -> None
             unwrap_model(m).load_state_dict(state[f"model{i}"], strict=True)
     if "optimizer" in state and engine.optimizer is not None:
         engine.optimizer.load_state_dict(state["optimizer"])
+    elif engine.optimizer is not None:
+        engine.optimizer.reload_model_params()  # fp32 master weights follow the loaded model
 
 
 def load_dist_model(chunks: list, path: str) -> None:
