@@ -35,9 +35,11 @@ def grpo(args) -> int:
     build_data(data, n_rows=64, filler_chars=args.filler_chars)
     ckpt = work / "ckpt_megatron"
     log = work / "metrics_megatron.jsonl"
-    for p in (log,):
-        if p.exists():
-            p.unlink()
+    import shutil
+
+    shutil.rmtree(ckpt, ignore_errors=True)  # the first launch must start fresh, the second resume
+    if log.exists():
+        log.unlink()
     base = [
         "--config-name", "ppo_megatron_trainer",
         "trainer.launcher=local", "trainer.device=cuda", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
