@@ -283,8 +283,9 @@ class MegatronEngine(BaseEngine):
         get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=feed, model=self.model[0] if single else self.model,
             num_microbatches=n_micro, seq_length=max_len, micro_batch_size=1, forward_only=forward_only)
-        result = self._assemble(collected, groups, data, want)
-        return self._broadcast_from_last_stage({"outputs": result, "metrics": accumulate_metrics(metrics, getattr(loss_fn, "summed_metrics", ()))})
+        result = self._assemble(collected, groups, want)
+        summed = getattr(loss_fn, "summed_metrics", ())
+        return self._broadcast_from_last_stage({"outputs": result, "metrics": accumulate_metrics(metrics, summed)})
 
     def _model_forward(self, model, mb: dict, temperature: float, want: set):
         """One micro-batch through one model chunk. On the last stage a policy returns {"log_probs",
@@ -322,7 +323,7 @@ class MegatronEngine(BaseEngine):
             out[name] = unpack_thd(value, packed) if packed is not None else value
         return out
 
-    def _assemble(self, collected, groups, data: DataProto, want: set) -> dict:
+    def _assemble(self, collected, groups, want: set) -> dict:
         if not collected:
             return {}
         collected.sort(key=lambda x: x[0])
