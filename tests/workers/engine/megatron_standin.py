@@ -24,7 +24,8 @@ def _hf_to_mcore_config(hf_config, dtype, **overrides):
                              normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu,
                              add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
                              params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16,
-                             variable_seq_lengths=True, moe_token_dispatcher_type="alltoall", gradient_accumulation_fusion=False,
+                             variable_seq_lengths=True, moe_token_dispatcher_type="alltoall",
+                             gradient_accumulation_fusion=False,
                              bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
                              bias_dropout_fusion=False, apply_rope_fusion=False, **overrides)
 

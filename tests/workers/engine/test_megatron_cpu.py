@@ -203,7 +203,8 @@ def _script_overrides(path: str, env: dict) -> list[str]:
 
     text = open(path).read().replace("\\\n", " ")
     line = next(ln for ln in text.splitlines() if "verl.trainer.main_ppo" in ln)
-    for name, value in re.findall(r'^(\w+)=\$\{\w+:-([^}]*)\}$', text, flags=re.M) + re.findall(r"^(\w+)=([\w.]+)$", text, flags=re.M):
+    defaults = re.findall(r"^(\w+)=\$\{\w+:-([^}]*)\}$", text, flags=re.M)
+    for name, value in defaults + re.findall(r"^(\w+)=([\w.]+)$", text, flags=re.M):
         env.setdefault(name, value)
     args = shlex.split(line.split("verl.trainer.main_ppo", 1)[1].replace('"$@"', ""))
     return [re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), m.group(0)), a) for a in args]

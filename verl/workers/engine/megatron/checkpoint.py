@@ -150,7 +150,8 @@ def load_checkpoint(engine: "MegatronEngine", local_path: str) -> None:
         if "model" in contents:
             path = _model_file(local_path, c)
             if not os.path.exists(path):
-                have = sorted(f for f in os.listdir(local_path) if f.startswith("model_")) if os.path.isdir(local_path) else []
+                have = sorted(f for f in os.listdir(local_path) if f.startswith("model_")) \
+                    if os.path.isdir(local_path) else []
                 raise FileNotFoundError(f"{path} not found (have {have}): Megatron checkpoints resume only on the "
                                         "tensor/pipeline/expert layout they were saved with")
             states = torch.load(path, map_location="cpu", weights_only=False)

@@ -125,7 +125,8 @@ class MegatronEngine(BaseEngine):
             from megatron.core.distributed import finalize_model_grads
 
             self.tfconfig.finalize_model_grads_func = finalize_model_grads
-            self.tfconfig.no_sync_func = [m.no_sync for m in self.model] if len(self.model) > 1 else self.model[0].no_sync
+            no_sync = [m.no_sync for m in self.model]
+            self.tfconfig.no_sync_func = no_sync if len(no_sync) > 1 else no_sync[0]
             self.tfconfig.grad_scale_func = None
         self._offload_idle()
 

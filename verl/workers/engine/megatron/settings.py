@@ -129,7 +129,8 @@ def settings_problems(section: Mapping, prefix: str = "actor_rollout_ref.actor.m
     if isinstance(ddp, dict):
         for key in ("use_megatron_fsdp", "use_custom_fsdp"):
             if ddp.get(key):
-                problems.append(f"{prefix}.override_ddp_config.{key} is not supported (Megatron-FSDP is not built here).")
+                problems.append(f"{prefix}.override_ddp_config.{key} is not supported "
+                                "(Megatron-FSDP is not built here).")
     if _get(section, "use_dist_checkpointing", False) is False and _get(section, "dist_checkpointing_path"):
         problems.append(f"{prefix}.dist_checkpointing_path is set but use_dist_checkpointing is false; "
                         "set use_dist_checkpointing=true to start from that checkpoint, or drop the path.")

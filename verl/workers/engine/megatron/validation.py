@@ -71,7 +71,8 @@ def _role_problems(cfg: DictConfig, role_key: str, model_key: str, check_model: 
         problems.append(f"`{role_key}.checkpoint.mbridge_config` is not supported: this project converts "
                         "Megatron weights with its own converter, not mbridge; remove it.")
     if check_model:
-        hf_config = _load_hf_config(_select(cfg, f"{model_key}.path"), bool(_select(cfg, f"{model_key}.trust_remote_code", False)))
+        trust = bool(_select(cfg, f"{model_key}.trust_remote_code", False))
+        hf_config = _load_hf_config(_select(cfg, f"{model_key}.path"), trust)
         if hf_config is not None:
             problems.extend(parallel_size_problems(hf_config, section, prefix))
     return problems
@@ -87,7 +88,8 @@ def megatron_problems(cfg: DictConfig) -> list[str]:
     if _select(cfg, f"{ref}.strategy") == "megatron" and _select(cfg, f"{actor}.strategy") != "megatron":
         problems.append(f"`{ref}.strategy=megatron` with {actor}.strategy="
                         f"{_select(cfg, f'{actor}.strategy')!r}: the reference policy shares the actor's worker and "
-                        "parallel layout; use the same strategy for both (--config-name ppo_megatron_trainer sets both).")
+                        "parallel layout; use the same strategy for both "
+                        "(--config-name ppo_megatron_trainer sets both).")
     critic_used = _select(cfg, "critic.enable")
     if critic_used is None:
         critic_used = _select(cfg, "algorithm.adv_estimator") == "gae"

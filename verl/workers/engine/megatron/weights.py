@@ -162,9 +162,10 @@ def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, tor
 
 def _with_vp(engine, entries):
     """Pair each entry with its virtual stage (entries are built chunk by chunk)."""
-    counts = [sum(1 for n, _ in unwrap_model(c).named_parameters()
-                  if not (engine.role == "critic" and engine.converter.strip_wrapper_prefix(n).startswith("output_layer.")))
-              for c in engine.model]
+    def kept(name: str) -> bool:
+        return not (engine.role == "critic" and engine.converter.strip_wrapper_prefix(name).startswith("output_layer."))
+
+    counts = [sum(1 for n, _ in unwrap_model(c).named_parameters() if kept(n)) for c in engine.model]
     i = 0
     for vp, n in enumerate(counts):
         for e in entries[i: i + n]:
