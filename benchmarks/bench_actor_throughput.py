@@ -10,6 +10,12 @@ The optimizer step is not included. The same model instance and weights serve ev
                   padded rows), materialised logits -> fp32 -> log-prob of the labels (+ entropy, no grad);
                   ``--stock-micro`` sequences per forward (gradient accumulation), every micro-batch padded
                   to the batch's L_max, so the padded work is that of one (16, L_max) batch.
+  megatron      : the Megatron-Core engine (``strategy=megatron``, TP 1) on the same weights (saved once with
+                  ``save_pretrained`` and loaded through its weight converter): the batch packed into one THD row,
+                  full activation recompute (``recompute_granularity=full``, like gradient checkpointing),
+                  log-probs + entropy from the chunked vocab-parallel LM head, bf16 weights with fp32 gradient
+                  buffers; one ``forward_backward_batch`` through megatron-core's schedule (no optimizer step).
+                  Needs megatron-core; not in the default ``--impls``.
   packed_<be>   : this project's path: ``apply_monkey_patch(use_remove_padding=True, use_fused_kernels=True,
                   fused_kernels_backend=<be>)``, the batch packed by ``verl.workers.engine.fsdp.packing
                   .pack_micro_batch`` into one (1, 18662) row with position ids restarting per sequence
@@ -160,6 +166,41 @@ class PackedStep:
             self.batch["old_log_probs"])
 
 
+class MegatronStep:
+    """One ``forward_backward_batch`` of the Megatron engine over the whole batch (one packed micro-batch)."""
+
+    def __init__(self, model_dir: str, batch: dict):
+        import torch.distributed as dist
+        from omegaconf import OmegaConf
+
+        from verl.protocol import DataProto
+        from verl.workers.engine.megatron import MegatronEngine
+
+        if not dist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29541")
+            dist.init_process_group("nccl", rank=0, world_size=1)
+        engine_cfg = OmegaConf.create({"use_remove_padding": True, "dtype": "bfloat16", "override_transformer_config": {
+            "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}})
+        self.engine = MegatronEngine(OmegaConf.create({"path": model_dir}), engine_cfg,
+                                     OmegaConf.create({"lr": 1e-6, "total_training_steps": 1}), role="actor")
+        self.engine.initialize()
+        self.n_tokens = float(batch["loss_mask"].sum())
+        cpu = {k: v.cpu() for k, v in batch.items()}
+        self.data = DataProto.from_dict(tensors=cpu, meta_info={"temperature": 1.0, "micro_batch_size": len(cpu["input_ids"])})
+        self.device = batch["input_ids"].device
+        self.last_log_probs = None
+
+    def loss(self, outputs: dict, mb: dict):
+        return ppo_loss(outputs["log_probs"], mb["old_log_probs"], mb["advantages"], mb["loss_mask"], self.n_tokens), {}
+
+    def __call__(self):
+        with self.engine.train_mode():
+            self.engine.optimizer_zero_grad()
+            out = self.engine.forward_backward_batch(self.data, self.loss, outputs=("log_probs", "entropy"))
+        self.last_log_probs = out["outputs"]["log_probs"].to(self.device)
+
+
 def run(args) -> dict:
     from verl.models.transformers.monkey_patch import apply_monkey_patch
     from verl.utils.flops_counter import count_flops, get_device_flops
@@ -189,6 +230,12 @@ def run(args) -> dict:
 
     model, cfg = build_model(shape, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
+    megatron_dir = None
+    if "megatron" in args.impls.split(","):  # the same weights for the Megatron engine, saved before any patching
+        import tempfile
+
+        megatron_dir = tempfile.mkdtemp(prefix="bench_megatron_")
+        model.save_pretrained(megatron_dir)
     log(f"model: {n_params / 1e9:.3f} B params, gradient checkpointing on")
     batch = make_batch(prompts, responses, cfg.vocab_size, device)
     train_flops = count_flops(cfg, lengths)
@@ -213,6 +260,8 @@ def run(args) -> dict:
             apply_monkey_patch(model, use_remove_padding=True, use_fused_kernels=True,
                                fused_kernels_backend=impl.split("_", 1)[1])
             step = PackedStep(model, batch)
+        elif impl == "megatron":
+            step = MegatronStep(megatron_dir, batch)
         else:
             raise ValueError(f"unknown impl {impl!r}")
         gc.collect()

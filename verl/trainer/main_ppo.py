@@ -65,11 +65,11 @@ def role_dp_sizes(cfg: DictConfig, specs: dict) -> dict[str, int]:
     """Data-parallel size of each role: the world size divided by the role's Ulysses sequence-parallel size
     (the actor's for the actor/rollout/ref worker, the critic's for the critic): the ranks of one SP group all
     receive the same data."""
-    from verl.workers.engine_workers import ActorRolloutRefWorker
+    from verl.workers.engine_workers import ActorRolloutRefWorker, ranks_per_dp_replica
 
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-    actor_sp = int(cfg.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1)
-    critic_sp = int((cfg.get("critic") or {}).get("ulysses_sequence_parallel_size", 1) or 1)
+    actor_sp = ranks_per_dp_replica(cfg.actor_rollout_ref.actor)
+    critic_sp = ranks_per_dp_replica(cfg.get("critic") or {})
     return {role: world // (actor_sp if issubclass(spec[0], ActorRolloutRefWorker) else critic_sp)
             for role, spec in specs.items()}
 

@@ -24,6 +24,16 @@ from verl.utils.tokenizer import load_tokenizer_and_processor
 from verl.workers.engine import EngineRegistry
 
 
+def ranks_per_dp_replica(role_cfg) -> int:
+    """Consecutive ranks that receive the same data: a Ulysses group (FSDP) or one model-parallel replica
+    (Megatron: tensor * pipeline * context parallel; its engine lays ranks out so that DP is outermost)."""
+    if EngineRegistry.canonical(str(role_cfg.get("strategy") or "fsdp2")) == "megatron":
+        m = role_cfg.get("megatron") or {}
+        return int(m.get("tensor_model_parallel_size", 1) or 1) * int(m.get("pipeline_model_parallel_size", 1) or 1) \
+            * int(m.get("context_parallel_size", 1) or 1)
+    return int(role_cfg.get("ulysses_sequence_parallel_size", 1) or 1)
+
+
 def _per_rank(total: int, world: int, name: str) -> int:
     if total % world != 0:
         raise ValueError(f"{name}={total} must be divisible by the data-parallel size {world}")
@@ -74,8 +84,9 @@ class ActorRolloutRefWorker(Worker):
         cfg = self.config
         world = dist.get_world_size()
         sp = int(cfg.actor.get("ulysses_sequence_parallel_size", 1))
-        self.dp_size = world // sp
-        self.dp_rank = self.rank // sp  # consecutive ranks form one sequence-parallel group
+        replica = ranks_per_dp_replica(cfg.actor)
+        self.dp_size = world // replica
+        self.dp_rank = self.rank // replica  # consecutive ranks form one sequence- / model-parallel group
         self.tokenizer, self.processor = load_tokenizer_and_processor(cfg.model)
         self._normalize_batch_sizes()
         self._is_lora = False
@@ -130,7 +141,7 @@ class ActorRolloutRefWorker(Worker):
 
         rcfg = self.config.rollout
         cls = get_rollout_class(rcfg.name)
-        module = self.actor_engine.module
+        module = self.actor_engine.hf_rollout_module() if rcfg.name == "hf" else self.actor_engine.module
         self.rollout = cls(config=rcfg, model_config=self.config.model, tokenizer=self.tokenizer,
                            module=module if rcfg.name == "hf" else None, processor=self.processor)
         eos = self.tokenizer.eos_token_id
@@ -148,11 +159,14 @@ class ActorRolloutRefWorker(Worker):
         from verl.workers.weight_sync.cycle import RolloutCycle
 
         # Sleep after generating, wake weights -> sync -> wake KV cache before generating (free_cache_engine).
-        self.rollout_cycle = RolloutCycle(self.rollout, self._sync_rollout_weights if rcfg.name != "hf" else _no_sync)
+        self.rollout_cycle = RolloutCycle(self.rollout, self._sync_rollout_weights)
 
     def _sync_rollout_weights(self):
         """Weights from the actor engine's parameter generator (adapter-only for LoRA where the rollout can
         apply it) into the rollout engine."""
+        if self.config.rollout.name == "hf":
+            self.actor_engine.sync_hf_rollout_module()  # no-op where hf generates with the training module
+            return
         bucket = int(self.config.rollout.get("checkpoint_engine", {}).get("update_weights_bucket_megabytes", 512))
         weights, kwargs = self.actor_engine.get_rollout_weights(
             bucket_megabytes=bucket, layered=bool(self.config.rollout.get("layered_summon", False)))
@@ -239,10 +253,6 @@ class ActorRolloutRefWorker(Worker):
         return True
 
 
-def _no_sync():
-    """The hf engine generates with the actor module itself: nothing to sync."""
-
-
 class CriticWorker(Worker):
     """A value model (the actor's backbone plus a scalar head) trained with the clipped value loss."""
 
@@ -256,8 +266,7 @@ class CriticWorker(Worker):
 
         self.ensure_process_group()
         cfg = self.config
-        sp = int(cfg.get("ulysses_sequence_parallel_size", 1) or 1)
-        dp = dist.get_world_size() // sp
+        dp = dist.get_world_size() // ranks_per_dp_replica(cfg)
         with open_dict(cfg):
             cfg.ppo_mini_batch_size = _per_rank(cfg.ppo_mini_batch_size * cfg.get("rollout_n", 1), dp,
                                                 "critic.ppo_mini_batch_size*rollout.n")

@@ -617,6 +617,14 @@ def _check_recipes(c: _Checker) -> None:
             c.fail("reward.reward_kwargs.overlong_buffer_cfg.len", f"must be in 1..max_resp_len ({max_len}).")
 
 
+def _check_megatron(c: _Checker) -> None:
+    """Roles on strategy=megatron: engine settings, parallel sizes against the model, unsupported features.
+    The rules live with the engine (no megatron-core import)."""
+    from verl.workers.engine.megatron.validation import megatron_problems
+
+    c.problems.extend(megatron_problems(c.cfg))
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Check a composed trainer config; raise :class:`ConfigValidationError` listing every problem.
 
@@ -632,6 +640,7 @@ def validate_config(cfg: DictConfig) -> None:
     _check_ref(c)
     _check_rollout(c, world)
     _check_critic(c, world)
+    _check_megatron(c)
     _check_reward(c)
     _check_out_of_scope(c)
     _check_profiler(c)

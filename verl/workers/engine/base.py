@@ -145,6 +145,15 @@ class BaseEngine(ABC):
         (PEFT-named tensors with ``{"lora": {"peft_config", "lora_int_id"}}``) where the rollout can apply it."""
         return self.get_per_tensor_param(bucket_megabytes=bucket_megabytes, layered=layered), {}
 
+    def hf_rollout_module(self) -> torch.nn.Module:
+        """The Hugging Face module the ``hf`` rollout generates with: the training module itself by default
+        (FSDP); an engine whose model is not an HF module (Megatron) returns a copy it keeps in sync."""
+        return self.module
+
+    def sync_hf_rollout_module(self) -> None:
+        """Bring :meth:`hf_rollout_module` up to date after an update or a checkpoint load (collective);
+        nothing to do when it is the training module."""
+
     # ---------------------------------------------------------------- checkpoints
     @abstractmethod
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: Optional[int] = None) -> None: ...

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# GRPO on Qwen3.5-9B (dense, Gated DeltaNet + gated attention) with the Megatron-Core engine, 8 GPUs, packed
+# (THD) sequences, vLLM rollout. TP 2 x DP 4 with the distributed optimizer; sequence parallelism on; weights,
+# gradients and optimizer state offloaded while vLLM generates.
+# Data: python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
+# Model: a local copy of Qwen3.5-9B (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-9B
+# Needs the mcore extra (pip install -e .[mcore]: megatron-core >= 0.18, Python 3.12, CUDA).
+set -xeuo pipefail
+
+MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-9B}
+DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
+NGPUS=${NGPUS:-8}
+MEGA=actor_rollout_ref.actor.megatron
+
+python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
+    algorithm.adv_estimator=grpo \
+    data.train_files="$DATA_DIR/train.parquet" \
+    data.val_files="$DATA_DIR/test.parquet" \
+    data.train_batch_size=256 \
+    data.max_prompt_length=512 \
+    data.max_response_length=2048 \
+    data.filter_overlong_prompts=True \
+    data.truncation=error \
+    actor_rollout_ref.model.path="$MODEL_PATH" \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    $MEGA.tensor_model_parallel_size=2 \
+    $MEGA.pipeline_model_parallel_size=1 \
+    $MEGA.sequence_parallel=True \
+    $MEGA.use_remove_padding=True \
+    $MEGA.param_offload=True \
+    $MEGA.grad_offload=True \
+    $MEGA.optimizer_offload=True \
+    actor_rollout_ref.ref.megatron.param_offload=True \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.n=5 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
+    algorithm.use_kl_in_reward=False \
+    trainer.critic_warmup=0 \
+    trainer.logger='["console"]' \
+    trainer.project_name=verl_grpo_example_gsm8k \
+    trainer.experiment_name=qwen3_5_9b_megatron \
+    trainer.n_gpus_per_node="$NGPUS" \
+    trainer.nnodes=1 \
+    trainer.save_freq=20 \
+    trainer.test_freq=5 \
+    trainer.total_epochs=15 "$@"

@@ -1,0 +1,259 @@
+"""The Megatron engine's CPU seams: config composition with upstream-style overrides, validation messages
+before any worker starts, the lazy-import error, settings and THD packing."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from verl.workers.engine.megatron.packing import next_token_labels, pack_thd, unpack_thd
+from verl.workers.engine.megatron.settings import read_settings, settings_problems
+
+A = "actor_rollout_ref.actor"
+M = A + ".megatron"
+HAS_MCORE = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+
+
+# ------------------------------------------------------------------------------------------ lazy import
+@pytest.mark.skipif(HAS_MCORE, reason="megatron-core is installed here")
+def test_engine_lookup_without_megatron_core_names_the_extra():
+    from verl.workers.engine import EngineRegistry
+
+    with pytest.raises(ImportError) as info:
+        EngineRegistry.get_or_raise("megatron")
+    assert "pip install -e .[mcore]" in str(info.value)
+    assert "megatron-core" in str(info.value)
+    # the CPU-side parts stay importable
+    import verl.workers.engine.megatron as pkg
+
+    assert pkg.read_settings if hasattr(pkg, "read_settings") else pkg.require_mcore
+
+
+# ------------------------------------------------------------------------------------------ settings
+def test_settings_defaults_and_aliases():
+    s = read_settings({"tensor_model_parallel_size": 1, "sequence_parallel": True})
+    assert (s.tp, s.pp, s.cp, s.ep, s.vpp) == (1, 1, 1, 1, None)
+    assert s.sequence_parallel is False  # meaningless (and rejected by megatron-core) at TP 1
+    assert read_settings({"tensor_model_parallel_size": 2}).sequence_parallel is True
+    assert read_settings({}).use_remove_padding is True
+    # model.use_remove_padding=false is the deprecated alias of the engine key
+    assert read_settings({"use_remove_padding": True}, model_use_remove_padding=False).use_remove_padding is False
+    s = read_settings({"param_offload": True, "grad_offload": True, "optimizer_offload": True, "dtype": "bf16"})
+    assert (s.param_offload, s.grad_offload, s.optimizer_offload, s.dtype) == (True, True, True, "bfloat16")
+
+
+@pytest.mark.parametrize("section, key", [
+    ({"use_megatron_fsdp": True}, "use_megatron_fsdp"),
+    ({"dynamic_context_parallel": True}, "dynamic_context_parallel"),
+    ({"override_mcore_model_config": {"x": 1}}, "override_mcore_model_config"),
+    ({"dist_checkpointing_prefix": "model."}, "dist_checkpointing_prefix"),
+    ({"context_parallel_size": 2}, "context_parallel_size"),
+    ({"dtype": "float16"}, "dtype"),
+    ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
+    ({"virtual_pipeline_model_parallel_size": 2}, "virtual_pipeline_model_parallel_size"),
+    ({"override_ddp_config": {"use_megatron_fsdp": True}}, "override_ddp_config.use_megatron_fsdp"),
+    ({"dist_checkpointing_path": "/ckpt"}, "dist_checkpointing_path"),
+])
+def test_unsupported_settings_are_refused_by_name(section, key):
+    problems = settings_problems(section, prefix=M)
+    assert any(f"{M}.{key}" in p for p in problems), problems
+    with pytest.raises(ValueError, match=key.split(".")[0]):
+        read_settings(section)
+
+
+# ------------------------------------------------------------------------------------------ config
+UPSTREAM_STYLE = [
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.rollout.name=hf",
+    "trainer.nnodes=2",
+    "trainer.n_gpus_per_node=8",
+    "data.train_batch_size=32",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.actor.use_kl_loss=true",
+    f"{M}.tensor_model_parallel_size=2",
+    f"{M}.pipeline_model_parallel_size=2",
+    f"{M}.expert_model_parallel_size=1",
+    f"{M}.context_parallel_size=1",
+    f"{M}.sequence_parallel=true",
+    f"{M}.param_offload=true",
+    f"{M}.grad_offload=true",
+    f"{M}.optimizer_offload=true",
+    f"{M}.use_dist_checkpointing=false",
+    f"{M}.use_remove_padding=true",
+    f"{M}.override_transformer_config.recompute_granularity=full",
+    f"{M}.override_transformer_config.recompute_method=uniform",
+    f"{M}.override_transformer_config.recompute_num_layers=1",
+    "actor_rollout_ref.ref.megatron.param_offload=true",
+]
+
+
+@pytest.fixture(scope="module")
+def qwen35_dir(tmp_path_factory):
+    import transformers as tf
+
+    from verl.models.tiny import tiny_text_config_kwargs
+
+    path = tmp_path_factory.mktemp("qwen35_cfg")
+    cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs())
+    cfg.architectures = ["Qwen3_5ForCausalLM"]
+    cfg.save_pretrained(path)
+    return str(path)
+
+
+def _load(overrides):
+    from verl.trainer.main_ppo import load_config
+
+    return load_config(["--config-name", "ppo_megatron_trainer", *overrides])
+
+
+def test_ppo_megatron_trainer_composes_and_validates_with_upstream_overrides(qwen35_dir):
+    cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}"])
+    meg = cfg.actor_rollout_ref.actor.megatron
+    assert cfg.actor_rollout_ref.actor.strategy == "megatron" and cfg.actor_rollout_ref.ref.strategy == "megatron"
+    assert (meg.tensor_model_parallel_size, meg.pipeline_model_parallel_size) == (2, 2)
+    assert meg.grad_offload is True and meg.optimizer_offload is True
+    assert meg.override_transformer_config.recompute_granularity == "full"
+    ref = cfg.actor_rollout_ref.ref.megatron  # the reference follows the actor's layout
+    assert (ref.tensor_model_parallel_size, ref.pipeline_model_parallel_size, ref.forward_only) == (2, 2, True)
+    s = read_settings(meg)
+    assert s.override_transformer_config["recompute_num_layers"] == 1 and s.sequence_parallel
+
+
+def _problems(overrides):
+    from verl.trainer.config import ConfigValidationError
+
+    with pytest.raises(ConfigValidationError) as info:
+        _load(overrides)
+    return info.value.problems
+
+
+def test_lora_is_refused_on_megatron(qwen35_dir):
+    problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}",
+                                           "actor_rollout_ref.model.lora_rank=8"])
+    assert any("`actor_rollout_ref.model.lora_rank`" in p and "megatron" in p.lower() for p in problems), problems
+
+
+def test_mbridge_config_is_refused(qwen35_dir):
+    from omegaconf import OmegaConf
+
+    from verl.workers.engine.megatron.validation import megatron_problems
+
+    cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}"])
+    assert megatron_problems(cfg) == []
+    OmegaConf.update(cfg, "actor_rollout_ref.actor.checkpoint.mbridge_config", {"a": 1}, force_add=True)
+    assert any("actor_rollout_ref.actor.checkpoint.mbridge_config" in p for p in megatron_problems(cfg))
+
+
+def test_megatron_engine_settings_are_checked_at_validation(qwen35_dir):
+    problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}",
+                                           f"{M}.use_megatron_fsdp=true", f"{M}.context_parallel_size=2"])
+    assert any(f"{M}.use_megatron_fsdp" in p for p in problems), problems
+    assert any(f"{M}.context_parallel_size" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("override, key, word", [
+    (f"{M}.tensor_model_parallel_size=8", "tensor_model_parallel_size", "num_key_value_heads"),
+    (f"{M}.pipeline_model_parallel_size=8", "pipeline_model_parallel_size", "num_hidden_layers"),
+    (f"{M}.expert_model_parallel_size=2", "expert_model_parallel_size", "MoE"),
+])
+def test_parallel_sizes_are_checked_against_the_model(qwen35_dir, override, key, word):
+    pytest.importorskip("verl.models.mcore.registry")
+    problems = _problems([o for o in UPSTREAM_STYLE if "parallel_size" not in o]
+                         + [f"actor_rollout_ref.model.path={qwen35_dir}", override])
+    hits = [p for p in problems if f"{M}.{key}" in p]
+    assert hits and any(word in p for p in hits), problems
+
+
+# ------------------------------------------------------------------------------------------ packing
+def test_pack_thd_round_trip_and_alignment():
+    ids = torch.arange(1, 17).view(4, 4)
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 1, 1]])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    packed = pack_thd(ids, mask, pos, align=4)
+    assert packed.input_ids.shape == (1, 12) and packed.num_real == 9
+    assert packed.cu_seqlens.tolist() == [0, 3, 7, 9, 12]  # empty row dropped, 3-token alignment tail
+    assert packed.position_ids[0].tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 1, 0, 1, 2]
+    # labels: the next token of the same row, 0 past its end
+    labels = next_token_labels(ids, mask)
+    back = unpack_thd(packed.labels.float(), packed)
+    assert torch.equal(back[mask.bool()], labels[mask.bool()].float())
+    assert torch.equal(unpack_thd(packed.input_ids, packed), ids * mask)
+
+
+def test_pack_thd_mrope_positions():
+    ids = torch.arange(6).view(2, 3)
+    mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    pos = torch.stack([torch.arange(3)] * 3).unsqueeze(0).repeat(2, 1, 1)  # (B, C=3, L)
+    packed = pack_thd(ids, mask, pos, align=2)
+    assert packed.position_ids.shape == (3, 1, 6)
+
+
+# ------------------------------------------------------------------------------------------ example scripts
+def _script_overrides(path: str, env: dict) -> list[str]:
+    """The main_ppo arguments of an example script, with its shell variables expanded."""
+    import re
+    import shlex
+
+    text = open(path).read().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if "verl.trainer.main_ppo" in ln)
+    defaults = re.findall(r"^(\w+)=\$\{\w+:-([^}]*)\}$", text, flags=re.M)
+    for name, value in defaults + re.findall(r"^(\w+)=([\w.]+)$", text, flags=re.M):
+        env.setdefault(name, value)
+    args = shlex.split(line.split("verl.trainer.main_ppo", 1)[1].replace('"$@"', ""))
+    return [re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), m.group(0)), a) for a in args]
+
+
+@pytest.mark.parametrize("script, shape", [
+    ("examples/grpo_trainer/run_qwen3_5-35b-megatron.sh", "35b_a3b"),
+    ("examples/grpo_trainer/run_qwen3_5-9b-megatron.sh", "9b"),
+])
+def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
+    """The scripts' overrides compose and pass validation, parallel sizes included, against a config.json of
+    the model's shape (no weights; the published configs' head/expert/layer counts)."""
+    pytest.importorskip("verl.models.mcore.registry")
+    import transformers as tf
+
+    from verl.models.tiny import tiny_text_config_kwargs
+
+    shapes = {
+        "35b_a3b": dict(hidden_size=2048, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
+                        head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                        linear_value_head_dim=128, num_experts=256, num_experts_per_tok=8,
+                        moe_intermediate_size=512, shared_expert_intermediate_size=512, vocab_size=248320),
+        "9b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4,
+                   head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                   linear_value_head_dim=128, intermediate_size=12288, vocab_size=248320),
+    }
+    kw = tiny_text_config_kwargs(**shapes[shape])
+    if shape == "35b_a3b":
+        kw.pop("intermediate_size", None)
+        cfg = tf.Qwen3_5MoeTextConfig(**kw)
+        cfg.architectures = ["Qwen3_5MoeForCausalLM"]
+    else:
+        cfg = tf.Qwen3_5TextConfig(**kw)
+        cfg.architectures = ["Qwen3_5ForCausalLM"]
+    cfg.save_pretrained(tmp_path)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    args = _script_overrides(os.path.join(repo, script), {"MODEL_PATH": str(tmp_path), "DATA_DIR": str(tmp_path)})
+    loaded = _load(args[2:] if args[:1] == ["--config-name"] else args)
+    assert loaded.actor_rollout_ref.actor.strategy == "megatron"
+    assert loaded.actor_rollout_ref.actor.megatron.use_remove_padding is True
+
+
+def test_data_parallel_size_of_megatron_roles(qwen35_dir):
+    """Each data-parallel replica is TP * PP * CP consecutive ranks (the engine lays DP out outermost)."""
+    from verl.trainer.main_ppo import build_role_specs, role_dp_sizes
+    from verl.workers.engine_workers import ranks_per_dp_replica
+
+    cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}"])
+    assert ranks_per_dp_replica(cfg.actor_rollout_ref.actor) == 4  # TP 2 x PP 2
+    assert ranks_per_dp_replica({"strategy": "fsdp2", "ulysses_sequence_parallel_size": 2}) == 2
+    if HAS_MCORE:
+        assert role_dp_sizes(cfg, build_role_specs(cfg, use_critic=False)) == {"actor_rollout": 4}

@@ -1,0 +1,423 @@
+"""``MegatronEngine``: the training-engine interface on megatron-core (TP / PP / VPP / EP / ETP, distributed
+optimizer, packed THD micro-batches through the pipeline schedule).
+
+Flow of one ``forward_backward_batch``: the batch (this DP rank's rows) is cut into micro-batches (fixed
+size or token-budget balanced), each packed into one THD row with ``cu_seqlens``; megatron-core's pipeline
+schedule runs them through the model chunks; on the last pipeline stage the vocab-parallel logits become
+per-token log-probs / entropy without gathering the vocabulary; the role's loss function sees them in the
+padded (B, L) layout. Outputs and metrics are broadcast from the last stage so every rank returns them.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from functools import partial
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from verl.protocol import DataProto
+from verl.workers.engine.base import BaseEngine, LossFn, accumulate_metrics
+
+from . import build
+from .packing import next_token_labels, pack_thd, unpack_thd
+from .settings import MegatronSettings, read_settings, require_mcore
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MegatronEngine"]
+
+_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    if cfg is None:
+        return default
+    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+    return default if value is None else value
+
+
+class MegatronEngine(BaseEngine):
+    """``engine_config`` is the role's ``megatron`` section, ``optimizer_config`` its ``optim`` section,
+    ``model_config`` the ``model`` section (``path``, ``use_remove_padding`` ...)."""
+
+    def __init__(self, model_config: Any, engine_config: Any, optimizer_config: Any = None,
+                 checkpoint_config: Any = None, role: str = "actor", **kwargs):
+        require_mcore()
+        super().__init__(model_config, engine_config, optimizer_config, checkpoint_config, role)
+        if _cfg_get(model_config, "lora_rank", 0) or _cfg_get(model_config, "lora_adapter_path", None):
+            raise ValueError("LoRA is not supported on the Megatron engine (actor_rollout_ref.model.lora_rank > 0 "
+                             "with strategy=megatron); use strategy=fsdp2 for LoRA, or lora_rank=0")
+        model_rp = _cfg_get(model_config, "use_remove_padding", None)
+        if model_rp is False:
+            logger.warning("model.use_remove_padding is the deprecated alias of the engine's "
+                           "megatron.use_remove_padding; packing is off for this engine")
+        prefix = {"ref": "actor_rollout_ref.ref.megatron", "critic": "critic.megatron"}.get(
+            role, "actor_rollout_ref.actor.megatron")
+        self._prefix = prefix
+        self.settings: MegatronSettings = read_settings(engine_config, model_rp, prefix=prefix)
+        self.forward_only = self.settings.forward_only or role == "ref"
+        self.model: list[torch.nn.Module] = []
+        self.optimizer = None
+        self.lr_scheduler = None
+        self._resident = {"model": True, "grad": True, "optimizer": True}
+        self._hf_rollout: Optional[torch.nn.Module] = None
+        self.processing_class = kwargs.get("processing_class")
+
+    # ------------------------------------------------------------------ life cycle
+    def initialize(self) -> None:
+        from transformers import AutoConfig
+
+        from verl.models.mcore import registry
+
+        s = self.settings
+        build.init_parallel_state(s)
+        path = _cfg_get(self.model_config, "path")
+        trust = bool(_cfg_get(self.model_config, "trust_remote_code", False))
+        self.hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
+        overrides = dict(s.override_transformer_config)
+        for key, value in list(overrides.items()):
+            if value is None:  # null = megatron-core's default (upstream's yaml lists the recompute keys so)
+                overrides.pop(key)
+        if "attention_backend" in overrides and isinstance(overrides["attention_backend"], str):
+            import importlib.util
+
+            from megatron.core.transformer.enums import AttnBackend
+
+            if importlib.util.find_spec("transformer_engine") is None and overrides["attention_backend"] != "auto":
+                logger.warning("override_transformer_config.attention_backend=%s picks a Transformer Engine attention "
+                               "backend; without Transformer Engine the model's local attention kernel is used",
+                               overrides["attention_backend"])
+
+            overrides["attention_backend"] = AttnBackend[overrides["attention_backend"]]
+        from megatron.core.transformer import TransformerConfig
+
+        unknown = sorted(set(overrides) - set(TransformerConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"{self._prefix}.override_transformer_config has keys {unknown} that megatron-core's "
+                             "TransformerConfig does not have")
+        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[s.dtype]
+        self.tfconfig = registry.hf_to_mcore_config(
+            self.hf_config, dtype, tensor_model_parallel_size=s.tp, pipeline_model_parallel_size=s.pp,
+            virtual_pipeline_model_parallel_size=s.vpp if (s.vpp or 1) > 1 else None,
+            context_parallel_size=s.cp, expert_model_parallel_size=s.ep, expert_tensor_parallel_size=s.etp,
+            sequence_parallel=s.sequence_parallel, **overrides)
+        tie = None  # follow the checkpoint's tie_word_embeddings (its text config for VL checkpoints)
+        self.forward_fn = registry.get_mcore_forward_fn(self.hf_config)
+        self.converter = registry.get_mcore_weight_converter(self.hf_config)
+        is_value = self.role == "critic"
+        chunks = build.build_model_chunks(self.tfconfig, self.hf_config, registry.init_mcore_model, s, tie,
+                                          value=is_value)
+        from .weights import load_initial_weights
+
+        load_initial_weights(self, chunks, path)
+        if self.forward_only:
+            for m in chunks:
+                m.requires_grad_(False)
+                m.eval()
+            self.model = chunks
+        else:
+            self.model = build.build_ddp(chunks, self.tfconfig, s)
+            self.optimizer = build.build_optimizer(self.model, self.optimizer_config, self.tfconfig, s)
+            self.lr_scheduler = build.build_scheduler(self.optimizer, self.optimizer_config)
+            from megatron.core.distributed import finalize_model_grads
+
+            self.tfconfig.finalize_model_grads_func = finalize_model_grads
+            no_sync = [m.no_sync for m in self.model]
+            self.tfconfig.no_sync_func = no_sync if len(no_sync) > 1 else no_sync[0]
+            self.tfconfig.grad_scale_func = None
+        self._offload_idle()
+
+    # ------------------------------------------------------------------ modes / memory
+    @contextmanager
+    def train_mode(self):
+        self.to("device", model=True, optimizer=True, grad=True)
+        for m in self.model:
+            m.train()
+        try:
+            yield
+        finally:
+            self._offload_idle()
+
+    @contextmanager
+    def eval_mode(self):
+        self.to("device", model=True, optimizer=False, grad=False)
+        for m in self.model:
+            m.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self._offload_idle()
+
+    def _offload_idle(self) -> None:
+        s = self.settings
+        self.to("cpu", model=s.param_offload, optimizer=s.optimizer_offload, grad=s.grad_offload)
+
+    def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True) -> None:
+        from verl.utils import megatron_utils as mu
+
+        on_gpu = device != "cpu"
+        grad = grad and not self.forward_only
+        optimizer = optimizer and self.optimizer is not None
+        want_model = model and self._resident["model"] != on_gpu
+        want_grad = grad and self._resident["grad"] != on_gpu
+        if on_gpu:
+            if want_model or want_grad:
+                mu.load_megatron_model_to_gpu(self.model, load_grad=want_grad, load_params=want_model)
+            if optimizer and not self._resident["optimizer"]:
+                mu.load_megatron_optimizer(self.optimizer)
+        else:
+            if optimizer and self._resident["optimizer"]:
+                mu.offload_megatron_optimizer(self.optimizer)
+            if want_model or want_grad:
+                mu.offload_megatron_model_to_cpu(self.model, offload_params=want_model, offload_grads=want_grad)
+        if want_model:
+            self._resident["model"] = on_gpu
+        if want_grad:
+            self._resident["grad"] = on_gpu
+        if optimizer:
+            self._resident["optimizer"] = on_gpu
+
+    # ------------------------------------------------------------------ topology
+    @property
+    def dp_rank(self) -> int:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_rank()
+
+    @property
+    def dp_size(self) -> int:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_world_size()
+
+    @property
+    def dp_group(self):
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_group()
+
+    def is_mp_src_rank_with_outputs(self) -> bool:
+        from megatron.core import parallel_state as ps
+
+        return (ps.is_pipeline_last_stage(ignore_virtual=True) and ps.get_tensor_model_parallel_rank() == 0
+                and ps.get_context_parallel_rank() == 0)
+
+    @property
+    def module(self):
+        return self.model
+
+    # ------------------------------------------------------------------ compute
+    def _micro_batches(self, data: DataProto, meta: dict, keys: list[str]):
+        from verl.utils.seqlen_balancing import rearrange_micro_batches
+
+        device = torch.device("cuda", torch.cuda.current_device())
+        batch = data.batch.select(*keys)
+        pp, vpp = self.settings.pp, (self.settings.vpp or 1)
+        if meta.get("use_dynamic_bsz", False):
+            budget = int(meta["max_token_len"])
+            tds, groups = rearrange_micro_batches(batch, max_token_len=budget, dp_group=self.dp_group,
+                                                  num_batches_divided_by=pp if vpp > 1 else None)
+        else:
+            size = int(meta.get("micro_batch_size") or len(data))
+            n = len(data)
+            groups = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+            tds = [batch[g[0]: g[-1] + 1] for g in groups]
+        if vpp > 1 and len(tds) % pp:
+            raise ValueError(f"interleaved pipeline schedules need the number of micro-batches ({len(tds)}) to be a "
+                             f"multiple of pipeline_model_parallel_size ({pp}); change the micro-batch size")
+        return [{k: td[k].to(device) for k in td.keys()} for td in tds], groups
+
+    def _global_batch_info(self, data: DataProto) -> dict:
+        mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else data.batch["attention_mask"]
+        counts = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64,
+                              device=torch.device("cuda", torch.cuda.current_device()))
+        if self.dp_size > 1:
+            dist.all_reduce(counts, group=self.dp_group)
+        return {"dp_size": self.dp_size, "batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item()}
+
+    def forward_backward_batch(self, data: DataProto, loss_fn: Optional[LossFn] = None,
+                               forward_only: bool = False, outputs: tuple[str, ...] = ("log_probs",)) -> dict:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        forward_only = forward_only or loss_fn is None or self.forward_only
+        meta = data.meta_info
+        temperature = float(meta.get("temperature", 1.0))
+        keys = [k for k in data.batch.keys()]
+        micro, groups = self._micro_batches(data, meta, keys)
+        global_info = None if loss_fn is None else self._global_batch_info(data)
+        n_micro = len(micro)
+        want = set(outputs)
+        if loss_fn is not None and self.role != "critic":
+            want.add("log_probs")
+        collected: list[tuple[int, dict]] = []
+        metrics: list[dict] = []
+
+        def loss_func(mb: dict, packed, index: int, output: torch.Tensor):
+            outs = self._token_outputs(output, packed)
+            collected.append((index, {k: v.detach() for k, v in outs.items()}))
+            if loss_fn is None:  # forward only: the schedule still wants a scalar "loss"
+                return torch.zeros((), device=torch.device("cuda", torch.cuda.current_device())), {}
+            mb = dict(mb)
+            mb["global_batch_info"] = global_info
+            loss, m = loss_fn(outs, mb)
+            metrics.append({k: float(v) for k, v in m.items()})
+            # The schedule divides by the number of micro-batches (and multiplies by the CP size); the role's
+            # loss is already normalised by global counts, so undo that.
+            return loss * n_micro / max(self.settings.cp, 1), {}
+
+        def forward_step(data_iterator, model):
+            index = next(data_iterator)  # every model chunk walks the micro-batches in order
+            mb = micro[index]
+            output, packed = self._model_forward(model, mb, temperature, want)
+            return output, partial(loss_func, mb, packed, index)
+
+        single = len(self.model) == 1
+        feed = iter(range(n_micro)) if single else [iter(range(n_micro)) for _ in self.model]
+        if self.settings.use_remove_padding:
+            max_len = max(int(mb["attention_mask"].sum()) for mb in micro)
+        else:
+            max_len = max(int(mb["input_ids"].size(-1)) for mb in micro)
+        get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=feed, model=self.model[0] if single else self.model,
+            num_microbatches=n_micro, seq_length=max_len, micro_batch_size=1, forward_only=forward_only)
+        result = self._assemble(collected, groups, want)
+        summed = getattr(loss_fn, "summed_metrics", ())
+        return self._broadcast_from_last_stage({"outputs": result, "metrics": accumulate_metrics(metrics, summed)})
+
+    def _model_forward(self, model, mb: dict, temperature: float, want: set):
+        """One micro-batch through one model chunk. On the last stage a policy returns {"log_probs",
+        "entropy"?} per token (the model's forward computes them from the final hidden states a chunk of
+        tokens at a time, reducing the softmax over the TP ranks: the vocabulary is never gathered), a value
+        model its values; other stages return hidden states for the next one."""
+        s = self.settings
+        kw = {}
+        if self.role != "critic":
+            kw = dict(temperature=temperature, calculate_entropy="entropy" in want, chunk_size=s.entropy_chunk_size)
+        if s.use_remove_padding:
+            align = s.tp if s.sequence_parallel else 1
+            packed = pack_thd(mb["input_ids"], mb["attention_mask"], mb["position_ids"], align=align)
+            if self.role != "critic":
+                kw["labels"] = packed.labels
+            output = self.forward_fn(model, packed.input_ids, packed.position_ids,
+                                     packed_seq_params=packed.packed_seq_params(), **kw)
+            return output, packed
+        position_ids = mb["position_ids"]
+        if position_ids.dim() == 3:  # (B, C, L) mRoPE -> (C, B, L)
+            position_ids = position_ids.transpose(0, 1)
+        if self.role != "critic":
+            kw["labels"] = next_token_labels(mb["input_ids"], mb["attention_mask"])
+        output = self.forward_fn(model, mb["input_ids"], position_ids, packed_seq_params=None,
+                                 attention_mask=mb["attention_mask"], **kw)
+        return output, None
+
+    def _token_outputs(self, output, packed) -> dict:
+        """Last-stage output of one micro-batch -> {name: (B, L) next-token-aligned float tensor}."""
+        if self.role == "critic":
+            output = {"values": output}
+        out = {}
+        for name, value in output.items():
+            value = value.float()
+            out[name] = unpack_thd(value, packed) if packed is not None else value
+        return out
+
+    def _assemble(self, collected, groups, want: set) -> dict:
+        if not collected:
+            return {}
+        collected.sort(key=lambda x: x[0])
+        names = [k for k in collected[0][1] if k in want or k == "values"]
+        order = [i for g in groups for i in g]
+        restore = torch.empty(len(order), dtype=torch.long)
+        restore[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+        return {k: torch.cat([c[1][k] for c in collected], dim=0).float().cpu()[restore] for k in names}
+
+    def _broadcast_from_last_stage(self, result: dict) -> dict:
+        from megatron.core import parallel_state as ps
+
+        if ps.get_pipeline_model_parallel_world_size() == 1:
+            return result
+        group = ps.get_pipeline_model_parallel_group()
+        src = ps.get_pipeline_model_parallel_last_rank()
+        box = [result if ps.is_pipeline_last_stage(ignore_virtual=True) else None]
+        dist.broadcast_object_list(box, src=src, group=group)
+        return box[0]
+
+    # ------------------------------------------------------------------ optimizer
+    def optimizer_zero_grad(self) -> None:
+        for m in self.model:
+            m.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def _grads_finite(self) -> bool:
+        from verl.utils.megatron_utils import ddp_buffers
+
+        ok = torch.ones((), device=torch.device("cuda", torch.cuda.current_device()))
+        for m in self.model:
+            for buf in ddp_buffers(m):
+                if buf.grad_data is not None and buf.grad_data.numel() and not torch.isfinite(buf.grad_data).all():
+                    ok.zero_()
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
+
+    def optimizer_step(self) -> float:
+        if not self._grads_finite():
+            logger.warning("gradients are not finite; skipping this optimizer step")
+            self.optimizer_zero_grad()
+            return float("nan")
+        _ok, grad_norm, _zeros = self.optimizer.step()
+        return float(grad_norm) if grad_norm is not None else float("nan")
+
+    def lr_scheduler_step(self) -> float:
+        lr = self.current_lr()
+        self.lr_scheduler.step(increment=1)
+        return lr
+
+    def current_lr(self) -> float:
+        groups = self.optimizer.param_groups
+        return float(groups[0]["lr"]) if groups else 0.0
+
+    # ------------------------------------------------------------------ weights / checkpoints
+    def get_per_tensor_param(self, bucket_megabytes: float = 512, layered: bool = False
+                             ) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors (collective); offloaded weights come back for the walk and leave after it."""
+        from .weights import iter_hf_weights
+
+        self.to("device", model=True, optimizer=False, grad=False)
+
+        def walk():
+            try:
+                yield from iter_hf_weights(self, bucket_megabytes=bucket_megabytes)
+            finally:
+                self._offload_idle()
+
+        return walk()
+
+    def hf_rollout_module(self) -> torch.nn.Module:
+        """The HF module the ``hf`` rollout generates with: an HF copy of the policy (the Megatron chunks
+        cannot ``generate``), built once and kept current by :meth:`sync_hf_rollout_module`."""
+        from .weights import build_hf_module, sync_hf_module
+
+        if self._hf_rollout is None:
+            self._hf_rollout = build_hf_module(self)
+            sync_hf_module(self, self._hf_rollout)  # the engine may start from a dist checkpoint
+        return self._hf_rollout
+
+    def sync_hf_rollout_module(self) -> None:
+        """Refresh the hf rollout's copy after an update or a checkpoint load (collective)."""
+        from .weights import sync_hf_module
+
+        if self._hf_rollout is not None:
+            sync_hf_module(self, self._hf_rollout)
+
+    def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: Optional[int] = None) -> None:
+        from .checkpoint import save_checkpoint
+
+        save_checkpoint(self, local_path, global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
+
+    def load_checkpoint(self, local_path: str) -> None:
+        from .checkpoint import load_checkpoint
+
+        load_checkpoint(self, local_path)

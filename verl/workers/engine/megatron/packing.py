@@ -1,0 +1,86 @@
+"""Packed (THD) micro-batches for megatron-core, and the way back to the padded (B, L) layout.
+
+A padded micro-batch becomes one row of real tokens with ``cu_seqlens`` marking where each sequence starts,
+which megatron-core takes as ``PackedSeqParams(qkv_format="thd")``: attention and the Gated DeltaNet
+recurrences restart at every boundary. With sequence parallelism the row is split over the TP ranks, so its
+length is padded to a multiple of ``align``; the padding forms one extra sequence of its own at the end (it
+attends only to itself and its outputs are dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+__all__ = ["PackedMicroBatch", "pack_thd", "unpack_thd", "next_token_labels"]
+
+
+@dataclass
+class PackedMicroBatch:
+    input_ids: torch.Tensor  # (1, T) real tokens back to back (+ alignment padding)
+    position_ids: torch.Tensor  # (1, T), or (C, 1, T) for mRoPE
+    labels: torch.Tensor  # (1, T): the token after each position in the padded row (0 past a row's end)
+    cu_seqlens: torch.Tensor  # (n + 1,) int32, or (n + 2,) with an alignment-padding sequence at the end
+    max_seqlen: int
+    indices: torch.Tensor  # (T_real,) flat positions of the real tokens in the (B * L) padded layout
+    batch_size: int
+    seq_len: int
+    num_real: int  # T_real; positions >= num_real are alignment padding
+
+    def packed_seq_params(self):
+        """megatron-core's ``PackedSeqParams`` for this micro-batch (imports megatron-core)."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
+                               max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen)
+
+
+def next_token_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) -> (B, L): at each position the next token of the same row (0 at the last position)."""
+    labels = torch.zeros_like(input_ids)
+    labels[:, :-1] = input_ids[:, 1:]
+    return labels
+
+
+def pack_thd(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+             align: int = 1) -> PackedMicroBatch:
+    """Pack a right- or left-padded (B, L) micro-batch into one THD row. ``align`` is the multiple the
+    packed length must have (the TP size under sequence parallelism)."""
+    bsz, seqlen = input_ids.shape
+    mask = attention_mask.bool()
+    lengths = mask.sum(-1).to(torch.int32)
+    indices = mask.reshape(-1).nonzero(as_tuple=False).squeeze(-1)
+    labels_padded = next_token_labels(input_ids, attention_mask)
+    ids = input_ids.reshape(-1)[indices]
+    labels = labels_padded.reshape(-1)[indices]
+    if position_ids.dim() == 3:  # (B, C, L) mRoPE -> (C, T)
+        pos = position_ids.transpose(0, 1).reshape(position_ids.size(1), -1)[:, indices]
+    else:
+        pos = position_ids.reshape(-1)[indices]
+    num_real = int(ids.numel())
+    cu = torch.zeros(bsz + 1, dtype=torch.int32, device=input_ids.device)
+    cu[1:] = torch.cumsum(lengths, 0)
+    # Rows with no tokens would give empty sequences, which varlen kernels reject: drop their boundaries.
+    cu = torch.unique_consecutive(cu)
+    pad = (-num_real) % max(int(align), 1)
+    if pad:
+        ids = torch.cat([ids, ids.new_zeros(pad)])
+        labels = torch.cat([labels, labels.new_zeros(pad)])
+        pad_pos = torch.arange(pad, device=pos.device, dtype=pos.dtype)
+        pos = torch.cat([pos, pad_pos.expand(*pos.shape[:-1], pad)], dim=-1)
+        cu = torch.cat([cu, cu.new_tensor([num_real + pad])])
+    max_seqlen = int((cu[1:] - cu[:-1]).max().item()) if cu.numel() > 1 else 0
+    pos = pos.unsqueeze(-2) if pos.dim() == 2 else pos.unsqueeze(0)
+    return PackedMicroBatch(ids.unsqueeze(0), pos, labels.unsqueeze(0), cu, max_seqlen, indices, bsz, seqlen,
+                            num_real)
+
+
+def unpack_thd(values: torch.Tensor, packed: PackedMicroBatch, fill: float = 0.0,
+               dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Per-token values (1, T) or (T,) of a packed row -> (B, L) padded layout (``fill`` elsewhere)."""
+    flat = values.reshape(-1)[: packed.num_real]
+    out = flat.new_full((packed.batch_size * packed.seq_len,), fill, dtype=dtype or flat.dtype)
+    out = out.index_put((packed.indices,), flat.to(out.dtype))
+    return out.view(packed.batch_size, packed.seq_len)

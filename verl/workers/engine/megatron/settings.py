@@ -1,0 +1,178 @@
+"""The Megatron engine's settings: the ``*.megatron`` config section read once, checked, with every key that
+this engine cannot honour refused by name. Imports without megatron-core (config validation uses it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+__all__ = ["MIN_MCORE_VERSION", "MegatronSettings", "require_mcore", "settings_problems", "read_settings"]
+
+MIN_MCORE_VERSION = (0, 18)
+
+_INSTALL_HINT = ("strategy=megatron needs megatron-core >= {v} (Python 3.12, CUDA). Install the extra: "
+                 "`pip install -e .[mcore]`.")
+
+
+def require_mcore() -> None:
+    """Import megatron-core or raise an ImportError that names the ``mcore`` extra."""
+    want = ".".join(map(str, MIN_MCORE_VERSION))
+    try:
+        import megatron.core as mcore  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(_INSTALL_HINT.format(v=want) + f" ({exc})") from exc
+    version = getattr(mcore, "__version__", "0.0")
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if parts < MIN_MCORE_VERSION:
+        raise ImportError(_INSTALL_HINT.format(v=want) + f" Found megatron-core {version}.")
+
+
+# Keys whose only supported value is the default: anything else is refused with the reason.
+_ONLY_DEFAULT = {
+    "use_megatron_fsdp": (False, "Megatron-FSDP is not built here; use use_distributed_optimizer=true"),
+    "dynamic_context_parallel": (False, "dynamic context parallelism is not built here"),
+    "override_mcore_model_config": ({}, "there is no bridge model config here; put TransformerConfig fields "
+                                        "in override_transformer_config"),
+    "dist_checkpointing_prefix": ("", "dist checkpoints are written and read without a key prefix here"),
+}
+_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
+
+
+@dataclass
+class MegatronSettings:
+    tp: int = 1
+    pp: int = 1
+    vpp: Optional[int] = None
+    cp: int = 1
+    ep: int = 1
+    etp: Optional[int] = None
+    sequence_parallel: bool = True
+    use_distributed_optimizer: bool = True
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: Optional[str] = None
+    use_remove_padding: bool = True
+    forward_only: bool = False
+    dtype: str = "bfloat16"
+    seed: int = 42
+    override_transformer_config: dict = field(default_factory=dict)
+    override_ddp_config: dict = field(default_factory=dict)
+    entropy_chunking: bool = False
+    entropy_chunk_size: int = 2048
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+def _plain(value: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a core dependency
+        pass
+    return value
+
+
+def _get(section: Mapping, key: str, default: Any = None) -> Any:
+    value = section.get(key, default) if section is not None else default
+    return default if value is None and default is not None else _plain(value)
+
+
+def settings_problems(section: Mapping, prefix: str = "actor_rollout_ref.actor.megatron") -> list[str]:
+    """Every reason this engine cannot run ``section`` as given; each names the key to change."""
+    problems = []
+    for key, (default, why) in _ONLY_DEFAULT.items():
+        value = _get(section, key)
+        if value not in (None, default):
+            problems.append(f"{prefix}.{key}={value!r} is not supported: {why}.")
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                "expert_model_parallel_size"):
+        value = _get(section, key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"{prefix}.{key} must be a positive integer (got {value!r}).")
+    for key in ("virtual_pipeline_model_parallel_size", "expert_tensor_parallel_size"):
+        value = _get(section, key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            problems.append(f"{prefix}.{key} must be null or a positive integer (got {value!r}).")
+    if _get(section, "context_parallel_size", 1) not in (1, None):
+        problems.append(f"{prefix}.context_parallel_size > 1 is not supported: packed (THD) context parallelism "
+                        "in megatron-core needs Transformer Engine's attention, which this engine does not use; "
+                        "set it to 1 and raise tensor_model_parallel_size instead.")
+    vpp = _get(section, "virtual_pipeline_model_parallel_size")
+    if isinstance(vpp, int) and vpp > 1 and _get(section, "pipeline_model_parallel_size", 1) < 2:
+        problems.append(f"{prefix}.virtual_pipeline_model_parallel_size needs pipeline_model_parallel_size > 1; "
+                        "set it to null.")
+    pp, ep = _get(section, "pipeline_model_parallel_size", 1), _get(section, "expert_model_parallel_size", 1)
+    tp = _get(section, "tensor_model_parallel_size", 1)
+    etp = _get(section, "expert_tensor_parallel_size") or tp
+    if all(isinstance(v, int) for v in (pp, ep, tp, etp)) and pp > 1 and ep > 1 and ep * etp != tp:
+        # Data parallelism is laid out outermost (replicas are consecutive rank blocks, as the worker group
+        # dispatches); megatron-core allows that with pipelines only when experts and dense layers have the
+        # same data-parallel size.
+        problems.append(f"{prefix}.expert_model_parallel_size: with pipeline_model_parallel_size > 1, "
+                        f"expert_model_parallel_size * expert_tensor_parallel_size ({ep} * {etp}) must equal "
+                        f"tensor_model_parallel_size ({tp}) here; change one of them.")
+    dtype = str(_get(section, "dtype", "bfloat16"))
+    if dtype not in _DTYPES:
+        problems.append(f"{prefix}.dtype={dtype!r} is not supported; use bfloat16 or float32 "
+                        "(float16 would need a loss scaler this engine does not build).")
+    for key in ("override_transformer_config", "override_ddp_config"):
+        value = _get(section, key, {})
+        if not isinstance(value, dict):
+            problems.append(f"{prefix}.{key} must be a mapping (got {type(value).__name__}).")
+    ddp = _get(section, "override_ddp_config", {}) or {}
+    if isinstance(ddp, dict):
+        for key in ("use_megatron_fsdp", "use_custom_fsdp"):
+            if ddp.get(key):
+                problems.append(f"{prefix}.override_ddp_config.{key} is not supported "
+                                "(Megatron-FSDP is not built here).")
+    if _get(section, "use_dist_checkpointing", False) is False and _get(section, "dist_checkpointing_path"):
+        problems.append(f"{prefix}.dist_checkpointing_path is set but use_dist_checkpointing is false; "
+                        "set use_dist_checkpointing=true to start from that checkpoint, or drop the path.")
+    return problems
+
+
+def read_settings(section: Mapping, model_use_remove_padding: Optional[bool] = None,
+                  prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronSettings:
+    """``section`` (a ``*.megatron`` config) -> :class:`MegatronSettings`; raises ValueError on any problem.
+
+    ``model_use_remove_padding`` is ``model.use_remove_padding``, the deprecated alias of the engine's
+    ``use_remove_padding``: it applies only when explicitly false (both default to true)."""
+    problems = settings_problems(section, prefix)
+    if problems:
+        raise ValueError("Megatron engine settings:\n  - " + "\n  - ".join(problems))
+    tp = int(_get(section, "tensor_model_parallel_size", 1))
+    remove_padding = bool(_get(section, "use_remove_padding", True))
+    if model_use_remove_padding is False:
+        remove_padding = False
+    overrides = dict(_get(section, "override_transformer_config", {}) or {})
+    return MegatronSettings(
+        tp=tp,
+        pp=int(_get(section, "pipeline_model_parallel_size", 1)),
+        vpp=_get(section, "virtual_pipeline_model_parallel_size"),
+        cp=int(_get(section, "context_parallel_size", 1)),
+        ep=int(_get(section, "expert_model_parallel_size", 1)),
+        etp=_get(section, "expert_tensor_parallel_size"),
+        # Sequence parallelism shards activations over the TP group, so it means nothing at TP 1
+        # (and megatron-core rejects it there).
+        sequence_parallel=bool(_get(section, "sequence_parallel", True)) and tp > 1,
+        use_distributed_optimizer=bool(_get(section, "use_distributed_optimizer", True)),
+        param_offload=bool(_get(section, "param_offload", False)),
+        grad_offload=bool(_get(section, "grad_offload", False)),
+        optimizer_offload=bool(_get(section, "optimizer_offload", False)),
+        use_dist_checkpointing=bool(_get(section, "use_dist_checkpointing", False)),
+        dist_checkpointing_path=_get(section, "dist_checkpointing_path"),
+        use_remove_padding=remove_padding,
+        forward_only=bool(_get(section, "forward_only", False)),
+        dtype=_DTYPES[str(_get(section, "dtype", "bfloat16"))],
+        seed=int(_get(section, "seed", 42)),
+        override_transformer_config={k: v for k, v in overrides.items()},
+        override_ddp_config=dict(_get(section, "override_ddp_config", {}) or {}),
+        entropy_chunking=bool(_get(section, "entropy_from_logits_with_chunking", False)),
+        entropy_chunk_size=int(_get(section, "entropy_from_logits_chunk_size", 2048)),
+    )

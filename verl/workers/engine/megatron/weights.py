@@ -1,0 +1,217 @@
+"""Weights between Hugging Face checkpoints and the Megatron engine's sharded model chunks.
+
+Loading: every rank reads only the HF tensors its own shards need (safetensors read tensor by tensor) and
+builds its chunk-local state with the model's weight converter.
+
+Export (rollout weight sync, HF checkpoints): every rank walks the same ordered list of parameters; a
+parameter is gathered over its tensor (or expert-tensor) group, over the expert-parallel group for routed
+experts (each expert rank owns different experts), and broadcast from the pipeline stage that holds it.
+The converter turns each gathered mcore tensor into HF names and layouts. All ranks end up with every HF
+tensor, in the same order, so a colocated rollout on each rank can load it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from verl.utils.megatron_utils import unwrap_model
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import MegatronEngine
+
+__all__ = ["build_hf_module", "iter_hf_weights", "layout_of", "load_initial_weights", "sync_hf_module"]
+
+logger = logging.getLogger(__name__)
+
+
+def layout_of(engine: "MegatronEngine"):
+    s = engine.settings
+    return engine.converter.ParallelLayout(tp=s.tp, pp=s.pp, ep=s.ep, etp=s.etp, vpp=(s.vpp or 1))
+
+
+def _ranks():
+    from megatron.core import parallel_state as ps
+
+    return dict(pp=ps.get_pipeline_model_parallel_rank(), tp=ps.get_tensor_model_parallel_rank(),
+                ep=ps.get_expert_model_parallel_rank(), etp=ps.get_expert_tensor_parallel_rank())
+
+
+@torch.no_grad()
+def load_initial_weights(engine: "MegatronEngine", chunks: list, path: str) -> None:
+    """Fill the freshly built chunks from the HF checkpoint (or from ``dist_checkpointing_path``)."""
+    s = engine.settings
+    if s.use_dist_checkpointing and s.dist_checkpointing_path:
+        from .checkpoint import load_dist_model
+
+        load_dist_model(chunks, s.dist_checkpointing_path)
+        return
+    conv = engine.converter
+    get = conv.safetensors_getter(path)  # reads one tensor at a time, only those this rank's shards need
+    layout = layout_of(engine)
+    r = _ranks()
+    for vp_stage, chunk in enumerate(chunks):
+        state = conv.mcore_state_for_rank(get, engine.hf_config, layout, pp_rank=r["pp"], vp_stage=vp_stage,
+                                          tp_rank=r["tp"], ep_rank=r["ep"], etp_rank=r["etp"])
+        if engine.role == "critic":
+            state.pop("output_layer.weight", None)  # the LM head; the critic's value head starts fresh
+        params = {conv.strip_wrapper_prefix(n): p for n, p in unwrap_model(chunk).named_parameters()}
+        extra = sorted(set(state) - set(params))
+        missing = sorted(n for n in set(params) - set(state) if not _is_new_head(n, engine))
+        if extra or missing:
+            raise RuntimeError(f"HF -> megatron weight mapping does not match the model chunk {vp_stage}: "
+                               f"not in the model {extra[:8]}, not in the mapping {missing[:8]}")
+        for name, tensor in state.items():
+            param = params[name]
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise RuntimeError(f"{name}: checkpoint shard {tuple(tensor.shape)} vs model {tuple(param.shape)}")
+            param.copy_(tensor.to(device=param.device, dtype=param.dtype))
+
+
+def _is_new_head(name: str, engine: "MegatronEngine") -> bool:
+    # The critic's value head has no counterpart in a causal-LM checkpoint; it keeps its initialisation.
+    return engine.role == "critic" and name.startswith("output_layer.")
+
+
+def _param_entries(engine: "MegatronEngine") -> list[tuple]:
+    """This rank's (local name, global name, param, is_expert, partition dim, gathered shape), chunk order."""
+    conv = engine.converter
+    layout = layout_of(engine)
+    r = _ranks()
+    s = engine.settings
+    etp = s.etp if s.etp is not None else s.tp
+    entries = []
+    for vp_stage, chunk in enumerate(engine.model):
+        for local, param in unwrap_model(chunk).named_parameters():
+            local = conv.strip_wrapper_prefix(local)
+            if engine.role == "critic" and local.startswith("output_layer."):
+                continue  # the value head has no Hugging Face causal-LM counterpart
+            glob = conv.global_mcore_name(local, engine.hf_config, layout, pp_rank=r["pp"], vp_stage=vp_stage,
+                                          ep_rank=r["ep"])
+            expert = conv.is_expert_param(glob)
+            dim = conv.partition_dim(glob, engine.hf_config)
+            size = etp if expert else s.tp
+            shape = list(param.shape)
+            if dim is not None:
+                shape[dim] *= size
+            entries.append((local, glob, param, expert, dim, tuple(shape)))
+    return entries
+
+
+def _gather_over(tensor: torch.Tensor, group, dim: Optional[int]) -> list[torch.Tensor]:
+    size = dist.get_world_size(group) if group is not None else 1
+    if size == 1:
+        return [tensor]
+    parts = [torch.empty_like(tensor) for _ in range(size)]
+    dist.all_gather(parts, tensor.contiguous(), group=group)
+    return parts
+
+
+@torch.no_grad()
+def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, torch.Tensor]]:
+    """(global mcore name, tensor gathered over TP/ETP, EP and PP) on every rank, same order everywhere."""
+    from megatron.core import parallel_state as ps
+
+    conv = engine.converter
+    s = engine.settings
+    layout = layout_of(engine)
+    pp_group = ps.get_pipeline_model_parallel_group() if s.pp > 1 else None
+    entries = _param_entries(engine)
+    # Every pipeline stage learns what the others hold (names, shapes, dtypes), in stage order.
+    mine = [(local, glob, expert, dim, shape, str(p.dtype).split(".")[-1], vp)
+            for vp, (local, glob, p, expert, dim, shape) in _with_vp(engine, entries)]
+    if pp_group is not None:
+        all_meta = [None] * s.pp
+        dist.all_gather_object(all_meta, mine, group=pp_group)
+    else:
+        all_meta = [mine]
+    my_pp = ps.get_pipeline_model_parallel_rank()
+    by_local = {(vp, e[0]): e for vp, e in _with_vp(engine, entries)}
+    tp_group = ps.get_tensor_model_parallel_group()
+    etp_group = ps.get_expert_tensor_parallel_group()
+    ep_group = ps.get_expert_model_parallel_group() if s.ep > 1 else None
+    for stage, meta in enumerate(all_meta):
+        src = dist.get_global_rank(pp_group, stage) if pp_group is not None else None
+        for local, glob, expert, dim, shape, dtype, vp in meta:
+            if stage == my_pp:
+                param = by_local[(vp, local)][2]
+                parts = _gather_over(param.data, etp_group if expert else tp_group, dim)
+                full = parts[0] if dim is None else torch.cat(parts, dim=dim)
+            else:
+                full = torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
+            if expert and ep_group is not None:
+                # Same local slot on every expert rank = a different global expert on each.
+                if stage == my_pp:
+                    per_ep = _gather_over(full, ep_group, None)
+                else:
+                    per_ep = [torch.empty_like(full) for _ in range(s.ep)]
+                for ep_rank, t in enumerate(per_ep):
+                    if src is not None:
+                        dist.broadcast(t, src=src, group=pp_group)
+                    yield conv.global_mcore_name(local, engine.hf_config, layout, pp_rank=stage, vp_stage=vp,
+                                                 ep_rank=ep_rank), t
+                continue
+            if src is not None:
+                dist.broadcast(full, src=src, group=pp_group)
+            yield glob, full
+
+
+def _with_vp(engine, entries):
+    """Pair each entry with its virtual stage (entries are built chunk by chunk)."""
+    def kept(name: str) -> bool:
+        return not (engine.role == "critic" and engine.converter.strip_wrapper_prefix(name).startswith("output_layer."))
+
+    counts = [sum(1 for n, _ in unwrap_model(c).named_parameters() if kept(n)) for c in engine.model]
+    i = 0
+    for vp, n in enumerate(counts):
+        for e in entries[i: i + n]:
+            yield vp, e
+        i += n
+
+
+def iter_hf_weights(engine: "MegatronEngine", bucket_megabytes: float = 512,
+                    dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, full tensor) pairs, routed experts in HF's fused module layout (what the FSDP path and
+    the rollout engines' loaders take). Collective: every rank must exhaust it.
+
+    Tensors are gathered one at a time, so at most one full tensor (one layer's experts for MoE) is held
+    beyond what the consumer keeps; ``bucket_megabytes`` is the consumer's grouping (the rollout's loader
+    buckets what it receives) and does not change what is gathered here."""
+    s = engine.settings
+    etp = s.etp if s.etp is not None else s.tp
+    stream = engine.converter.to_hf_stream(_gathered_mcore_tensors(engine), engine.hf_config, tp_size=s.tp,
+                                           etp_size=etp, expert_format="fused")
+    for name, tensor in stream:
+        yield name, (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor)
+
+
+def build_hf_module(engine: "MegatronEngine") -> torch.nn.Module:
+    """A Hugging Face copy of the policy on this GPU, for the ``hf`` rollout (which generates with an HF
+    module), patched like the FSDP path's model; :func:`sync_hf_module` refreshes it from the Megatron shards
+    after every update. It costs one more copy of the weights per GPU (the hf rollout is for small models)."""
+    from verl.models.registry import load_hf_model
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    dtype = torch.bfloat16 if engine.settings.dtype == "bfloat16" else torch.float32
+    module = load_hf_model(engine.model_config.get("path"), dtype=dtype, for_vl=False,
+                           trust_remote_code=bool(engine.model_config.get("trust_remote_code", False)))
+    apply_monkey_patch(module)
+    return module.to(torch.device("cuda", torch.cuda.current_device())).eval()
+
+
+@torch.no_grad()
+def sync_hf_module(engine: "MegatronEngine", module: torch.nn.Module) -> None:
+    """Copy the current weights into ``module`` (collective) and prove every parameter was written once."""
+    from verl.workers.weight_sync import check_coverage
+
+    params = dict(module.named_parameters())
+    written = []
+    for name, tensor in engine.get_per_tensor_param():
+        written.append(name)
+        if name in params:
+            params[name].copy_(tensor.to(params[name].dtype))
+    check_coverage(params.keys(), written)
