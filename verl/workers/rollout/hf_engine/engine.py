@@ -11,6 +11,7 @@ repeats no-op steps (its bookkeeping is masked on the device).
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable, Optional
@@ -136,11 +137,16 @@ class DecodeEngine:
                 logger.warning("hf rollout: the MoE block syncs with the host (data-dependent expert loop), so "
                                "decode steps run eagerly without CUDA graphs")
                 graphs = False
+            self.opt.stats.clear()
+            self.opt.stats.update(capture_s=0.0, prefill_s=0.0, prefills=0, prefill_tokens=0, decode_steps=0,
+                                  slot_steps=0)
             if graphs:
+                t0 = time.perf_counter()
                 sizes = sorted({min(s, capacity) for s in (opt.capture_sizes or default_capture_sizes(capacity))})
                 if capacity not in sizes:
                     sizes.append(capacity)
                 self._capture(sizes)
+                self.opt.stats["capture_s"] = time.perf_counter() - t0
             return self._loop(seqs, capacity)
         finally:
             self.graphs.clear()
@@ -152,7 +158,6 @@ class DecodeEngine:
         running: list[int] = []  # running[slot] = index into seqs
         admit_min = max(1, int(capacity * self.opt.admit_fraction))
         stats = self.opt.stats
-        stats.update(prefills=0, decode_steps=0, slot_steps=0)
         while waiting or running:
             free = capacity - len(running)
             if waiting and free and (not running or (self.opt.continuous and free >= min(len(waiting), admit_min))):
@@ -210,11 +215,16 @@ class DecodeEngine:
         c.limit[rows] = torch.tensor([seqs[i].max_new for i in batch], device=dev)
         c.steps[rows] = 0
         c.done[rows] = False
+        t0 = time.perf_counter()
         logits = self.runner.prefill(c, prompts, targets)
         self._book(rows, logits.index_select(0, torch.tensor(order, device=dev)), fed_token=False)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # for the timing below; admission is a sync point anyway
         running.extend(batch)
-        self.opt.stats["prefills"] += 1
-        self.opt.stats["prefill_tokens"] = self.opt.stats.get("prefill_tokens", 0) + sum(len(p.ids) for p in prompts)
+        st = self.opt.stats
+        st["prefill_s"] += time.perf_counter() - t0
+        st["prefills"] += 1
+        st["prefill_tokens"] += sum(len(p.ids) for p in prompts)
 
     def _retire(self, seqs, running: list[int], done: list[bool], results: list) -> None:
         c = self.cache
