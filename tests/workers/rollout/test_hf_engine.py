@@ -200,3 +200,41 @@ def test_unknown_engine_kwargs_are_refused():
     r = rollout(model, engine_kwargs={"hf": {"bogus": 1}})
     with pytest.raises(ValueError, match="bogus"):
         r.generate([GenerationRequest([40, 41])], SamplingParams(max_tokens=2))
+
+
+@pytest.fixture
+def gloo_group():
+    import os
+    import tempfile
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    fd, path = tempfile.mkstemp(prefix="verl_hf_engine_pg_")
+    os.close(fd)
+    os.remove(path)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_fsdp2_module_gathers_once_and_reshards(gloo_group):
+    """Under FSDP2 the loop runs on parameters gathered for the whole call and leaves them sharded again."""
+    import copy
+
+    from torch.distributed.tensor import DTensor
+
+    from verl.utils.fsdp_utils import apply_fsdp2, create_device_mesh
+
+    model = tiny("dense")
+    ps = prompts([6, 10, 4])
+    params = SamplingParams(temperature=1.0, seed=2, max_tokens=8)
+    plain = rollout(model, max_num_seqs=2).generate([GenerationRequest(p) for p in ps], params)
+    sharded = apply_fsdp2(copy.deepcopy(model), create_device_mesh(1, -1, "cpu"), None)
+    outs = rollout(sharded, max_num_seqs=2).generate([GenerationRequest(p) for p in ps], params)
+    assert [o[0].token_ids for o in outs] == [o[0].token_ids for o in plain]
+    assert all(isinstance(p, DTensor) for p in sharded.parameters())  # resharded after the rollout
+    with torch.no_grad():  # and the training forward still runs through FSDP's hooks
+        sharded(input_ids=torch.tensor([ps[0]]), use_cache=False)
