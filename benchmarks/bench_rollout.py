@@ -113,16 +113,18 @@ def fixed_lengths(model, args, device, vocab) -> list[dict]:
     rows = []
     for b in args.batches:
         prompts = random_prompts([args.prompt_len] * b, vocab, seed=b)
-        rollout = make_rollout(model, b)
-        engine_generate(rollout, prompts[:2], 4)  # warm-up (kernel compiles / autotune)
-        t, outs = timed(lambda: engine_generate(rollout, prompts, args.new_tokens), device)
-        assert all(len(o[0].token_ids) == args.new_tokens for o in outs)
-        stats = rollout.last_stats
-        row = dict(case="fixed", batch=b, impl="engine", seconds=t, tokens=b * args.new_tokens,
-                   tok_s=b * args.new_tokens / t, prefill_s=stats.get("prefill_s"), capture_s=stats.get("capture_s"))
-        rows.append(row)
-        log(f"engine  B={b}: {t:.2f}s, {row['tok_s']:,.0f} new tok/s (prefill {row['prefill_s']:.2f}s, "
-            f"graph capture {row['capture_s']:.2f}s)")
+        variants = [("engine", {})] + ([("engine, bf16 state", {"state_dtype": "bfloat16"})] if args.bf16_state else [])
+        for impl, kw in variants:
+            rollout = make_rollout(model, b, **kw)
+            engine_generate(rollout, prompts, 8)  # warm-up on the same prompts (prefill kernels for this shape)
+            t, outs = timed(lambda: engine_generate(rollout, prompts, args.new_tokens), device)
+            assert all(len(o[0].token_ids) == args.new_tokens for o in outs)
+            st = rollout.last_stats
+            rows.append(dict(case="fixed", batch=b, impl=impl, seconds=t, tokens=b * args.new_tokens,
+                             tok_s=b * args.new_tokens / t, prefill_s=st["prefill_s"], capture_s=st["capture_s"]))
+            decode = t - st["prefill_s"] - st["capture_s"]
+            log(f"{impl} B={b}: {t:.2f}s, {rows[-1]['tok_s']:,.0f} new tok/s (prefill {st['prefill_s']:.2f}s, graph "
+                f"capture {st['capture_s']:.2f}s, decode {1e3 * decode / args.new_tokens:.2f} ms/step)")
         if not args.skip_generate:
             hf_generate(model, prompts[:2], 2, device)
             t, out = timed(lambda: hf_generate(model, prompts, args.new_tokens, device), device)
@@ -162,12 +164,12 @@ def length_mix(model, args, device, vocab) -> list[dict]:
         return out
 
     rows = []
-    for impl, continuous in (("engine (continuous)", True), ("engine (static batches)", False)):
+    for impl, continuous in (("engine (static batches)", False), ("engine (continuous)", True)):
         opt, backend = engine_options(make_rollout(model, slots).config)
         opt.continuous = continuous
         engine = DecodeEngine(Qwen35Runner(model, backend), SamplerConfig(temperature=1.0), [], opt)
         with unsharded(model):
-            engine.run(seqs()[:2])  # warm-up
+            engine.run(seqs())  # warm-up: the same workload once (prefill kernels for its packed shapes)
             t, res = timed(lambda: engine.run(seqs()), device)
         assert [len(r.tokens) for r in res] == resp
         st = opt.stats
@@ -178,17 +180,17 @@ def length_mix(model, args, device, vocab) -> list[dict]:
             f"decode steps, mean running sequences {rows[-1]['mean_running']:.1f} of {slots}")
     if not args.skip_generate:
         # generate in static batches of `slots` sequences (prompt-major order, as the trainer lays them out);
-        # a batch runs to its longest member. Measure the first batch, charge the others the same per step.
+        # a batch runs to its longest member. Its time per step is measured on the first batch over
+        # --mix-gen-steps steps (it is launch-bound, nearly flat in length) and charged to every batch's steps.
         flat = [p for p in prompts for _ in range(n)]
         batches = [list(range(s, min(s + slots, len(flat)))) for s in range(0, len(flat), slots)]
-        first = batches[0]
-        steps0 = max(resp[i] for i in first)
-        t0, _ = timed(lambda: hf_generate(model, [flat[i] for i in first], steps0, device), device)
+        steps0 = args.mix_gen_steps
+        t0, _ = timed(lambda: hf_generate(model, [flat[i] for i in batches[0]], steps0, device), device)
         total = sum(t0 * max(resp[i] for i in b) / steps0 for b in batches)
-        rows.append(dict(case="mix", batch=slots, impl="generate (static batches, 1st measured)", seconds=total,
+        rows.append(dict(case="mix", batch=slots, impl="generate (static batches)", seconds=total,
                          tokens=useful, tok_s=useful / total))
-        log(f"generate: first batch {t0:.2f}s for {steps0} steps; all {len(batches)} batches ~{total:.1f}s, "
-            f"{useful / total:,.0f} useful tok/s")
+        log(f"generate: first batch {t0:.2f}s for {steps0} steps; all {len(batches)} batches to their longest "
+            f"member ~{total:.1f}s, {useful / total:,.0f} useful tok/s")
     return rows
 
 
@@ -199,11 +201,9 @@ def print_tables(rows, device_name, args):
               f"{args.new_tokens} new tokens forced, sampling T=1 ===")
         table = []
         for b in args.batches:
-            eng = next((r for r in fixed if r["batch"] == b and r["impl"] == "engine"), None)
             gen = next((r for r in fixed if r["batch"] == b and r["impl"] == "generate"), None)
-            for r in (gen, eng):
-                if r is None:
-                    continue
+            ordered = ([gen] if gen else []) + [r for r in fixed if r["batch"] == b and r is not gen]
+            for r in ordered:
                 ratio = f"{r['tok_s'] / gen['tok_s']:.1f}x" if gen else "-"
                 table.append([b, r["impl"], f"{r['seconds']:.2f}", f"{r['tok_s']:,.0f}", ratio])
         print(fmt_table(["batch", "impl", "seconds", "new tok/s", "vs generate"], table))
@@ -213,6 +213,9 @@ def print_tables(rows, device_name, args):
               f"median {args.mix_median} sigma {args.mix_sigma} clipped {args.mix_clip}, {args.mix_slots} slots), "
               f"{device_name} ===")
         base = next((r["tok_s"] for r in mix if r["impl"].startswith("generate")), None)
+        if base:
+            print(f"generate: time per step measured over {args.mix_gen_steps} steps of the first batch, charged to "
+                  f"every batch's longest member")
         table = [[r["impl"], f"{r['seconds']:.2f}", f"{r['tok_s']:,.0f}",
                   f"{r['tok_s'] / base:.1f}x" if base else "-",
                   f"{r['mean_running']:.1f}" if "mean_running" in r else "-",
@@ -237,6 +240,8 @@ def main(argv=None) -> int:
     p.add_argument("--mix-median", type=float, default=128)
     p.add_argument("--mix-sigma", type=float, default=0.9)
     p.add_argument("--mix-seed", type=int, default=0)
+    p.add_argument("--mix-gen-steps", type=int, default=128, help="steps of generate timed for the mix")
+    p.add_argument("--bf16-state", action="store_true", help="also an engine row with bf16 recurrent state")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     args.mix_prompt, args.mix_clip = (100, 500), (16, 512)
@@ -246,6 +251,7 @@ def main(argv=None) -> int:
         args.batches, args.prompt_len, args.new_tokens = "2,4", 16, 8
         args.mix_prompts, args.mix_n, args.mix_slots, args.mix_median = 4, 2, 3, 6
         args.mix_prompt, args.mix_clip = (5, 20), (2, 16)
+        args.mix_gen_steps = 4
     else:
         shape, dtype = SHAPE_0P8B, torch.bfloat16
     args.batches = [int(b) for b in str(args.batches).split(",")]

@@ -19,9 +19,15 @@ def _needs_fla():
 
 @cuda
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_fla_recurrent_step_matches_torch(state_dtype):
-    _needs_fla()
+@pytest.mark.parametrize("backend", ["triton", "fla"])
+def test_recurrent_step_kernels_match_torch(state_dtype, backend):
     from verl.workers.rollout.hf_engine.qwen3_5_runner import fla_recurrent_step_, torch_recurrent_step_
+
+    if backend == "fla":
+        _needs_fla()
+        step = fla_recurrent_step_
+    else:
+        from verl.workers.rollout.hf_engine.gdn_decode_kernel import gdn_decode_step_ as step
 
     g = torch.Generator(device="cuda").manual_seed(0)
     b, h, hv, dk, dv = 7, 4, 8, 128, 128
@@ -33,7 +39,7 @@ def test_fla_recurrent_step_matches_torch(state_dtype):
     state = (torch.randn(b, hv, dk, dv, device="cuda", generator=g) * 0.1).to(state_dtype)
     s_fla, s_ref = state.clone(), state.clone()
     for _ in range(3):  # a few tokens, state carried in place
-        o_fla = fla_recurrent_step_(q, k, v, gate, beta, s_fla)
+        o_fla = step(q, k, v, gate, beta, s_fla)
         o_ref = torch_recurrent_step_(q, k, v, gate, beta, s_ref)
     tol = dict(rtol=1e-4, atol=1e-4) if state_dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(o_fla.float(), o_ref.float(), **tol)

@@ -56,7 +56,8 @@ class EngineOptions:
 
 
 def default_capture_sizes(capacity: int) -> list[int]:
-    sizes = [s for s in (1, 2, 4, 8) if s < capacity] + list(range(16, capacity, 16)) + [capacity]
+    """1, 2, 4, ..., 32, then every 32 up to the slot count (a step runs at most 32 idle rows)."""
+    sizes = [s for s in (1, 2, 4, 8, 16, 32) if s < capacity] + list(range(64, capacity, 32)) + [capacity]
     return sorted(set(sizes))
 
 
@@ -98,15 +99,17 @@ class DecodeEngine:
         self._book(rows, self.runner.decode_logits(self.cache, b), fed_token=True)
 
     def _capture(self, sizes: list[int]) -> None:
-        """Capture one graph per bucket, largest first, before any sequence is live (the warm-up step that
-        precedes each capture writes into the still-empty slots)."""
+        """Capture one graph per bucket, largest first, before any sequence is live: the eager warm-up steps
+        (kernel compiles, library handles) write only into still-empty slots. Warm-up runs for the largest and
+        the smallest bucket; the buckets in between reuse those compiled kernels."""
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for b in {max(sizes), min(sizes)}:
+                self._decode_eager(b)
+        torch.cuda.current_stream().wait_stream(side)
         for b in sorted(sizes, reverse=True):
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._decode_eager(b)  # compiles / autotunes kernels outside the capture
-            torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self._decode_eager(b)

@@ -25,7 +25,8 @@ HF_ENGINE_KWARGS = {
     "state_dtype": "dtype of the Gated DeltaNet recurrent state in the slots: float32 (default) or bfloat16",
     "sync_every": "decode steps between two looks of the host at which sequences finished (default 4)",
     "continuous": "refill finished slots while others still run (default true); false = static batches",
-    "recurrent_backend": "auto (fla's fused kernel on CUDA) or torch (the reference, e.g. to compare)",
+    "recurrent_backend": "decode step of the Gated DeltaNet state: auto (this package's Triton kernel on CUDA, else "
+                         "fla's), triton, fla, or torch (the reference)",
 }
 
 
@@ -43,8 +44,8 @@ def engine_options(config) -> tuple[EngineOptions, str]:
     if state_dtype not in ("float32", "bfloat16"):
         raise ValueError(f"engine_kwargs.hf.state_dtype must be float32 or bfloat16, got {state_dtype!r}")
     backend = str(kw.get("recurrent_backend", "auto"))
-    if backend not in ("auto", "torch"):
-        raise ValueError(f"engine_kwargs.hf.recurrent_backend must be auto or torch, got {backend!r}")
+    if backend not in ("auto", "triton", "fla", "torch"):
+        raise ValueError(f"engine_kwargs.hf.recurrent_backend must be auto, triton, fla or torch, got {backend!r}")
     opt = EngineOptions(
         max_num_seqs=slots,
         prefill_tokens=int(config.get("max_num_batched_tokens") or 8192),

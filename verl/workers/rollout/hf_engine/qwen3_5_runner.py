@@ -75,6 +75,12 @@ def fla_recurrent_step_(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_torch_step():
+    logger.warning("hf rollout: no fused gated-delta-rule decode kernel (triton / fla) on CUDA; decoding runs the "
+                   "torch reference step, several times slower")
+
+
 def torch_recurrent_step_(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
     """Reference for :func:`fla_recurrent_step_` (same layouts), in fp32."""
     rep = v.shape[2] // q.shape[2]
@@ -125,10 +131,28 @@ class Qwen35Runner:
     def dtype(self) -> torch.dtype:
         return self.text.embed_tokens.weight.dtype
 
-    def use_fla_step(self) -> bool:
-        if self.recurrent_backend == "torch":
-            return False
-        return self.device.type == "cuda" and gdn.use_fla(self.device) and _fla_recurrent_kernel() is not None
+    def recurrent_step(self) -> Callable:
+        """The one-token gated-delta-rule step: ``auto`` picks this package's Triton kernel on CUDA (fla's
+        fused recurrent kernel where it does not fit the head dims), the torch reference elsewhere."""
+        backend = self.recurrent_backend
+        if self.device.type != "cuda" or backend == "torch":
+            return torch_recurrent_step_
+        if backend in ("auto", "triton"):
+            try:
+                from verl.workers.rollout.hf_engine import gdn_decode_kernel as kern
+            except ImportError:
+                kern = None
+            if kern is not None and kern.supports(self.shape.k_dim, self.shape.v_dim):
+                return kern.gdn_decode_step_
+            if backend == "triton":
+                raise RuntimeError("engine_kwargs.hf.recurrent_backend=triton needs triton and power-of-two "
+                                   "key dims / value dims divisible by 32")
+        if _fla_recurrent_kernel() is not None and gdn.use_fla(self.device):
+            return fla_recurrent_step_
+        if backend == "fla":
+            raise RuntimeError("engine_kwargs.hf.recurrent_backend=fla needs fla (pip install flash-linear-attention)")
+        _warn_torch_step()
+        return torch_recurrent_step_
 
     # ------------------------------------------------------------------------------------------ shared parts
     def _mlp(self, layer, h):
@@ -260,7 +284,7 @@ class Qwen35Runner:
         h = self.text.embed_tokens(tokens)[:, None]
         rope = (pos + cache.rope_delta[:b])[None, :, None].expand(3, b, 1)
         cos, sin = self.text.rotary_emb(h, rope)
-        step = fla_recurrent_step_ if self.use_fla_step() else torch_recurrent_step_
+        step = self.recurrent_step()
         n_attn = n_gdn = 0
         for layer, kind in zip(self.layers, self.types):
             r = layer.input_layernorm(h)
