@@ -9,7 +9,8 @@
 #   grpo    scripts/gpu_grpo_step.py     (one GRPO step with the hf engine: generation's share of the step)
 #   actor   benchmarks/bench_actor_throughput.py --impls packed_triton@sdpa,packed_triton@torch_varlen
 #
-# Logs go to $OUT/<part>.log (default ./gpu_rollout_out). Expects fla etc. importable, e.g. on the lent machine
+# Logs go to $OUT/<part>.log (default ./gpu_rollout_out). Expects fla etc. importable: on the lent machine install
+# BOTH wheel folders (.whlz with z3 first, then .whl; without z3 tilelang fails to import and fla with it), then
 #   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_rollout.sh
 # Knobs: PARTS="tests bench grpo actor", T_TESTS / T_BENCH / T_GRPO / T_ACTOR (seconds), BENCH_ARGS.
 set -u
