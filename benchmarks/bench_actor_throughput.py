@@ -243,7 +243,7 @@ def run(args) -> dict:
 
     impls = args.impls.split(",")
     if not cuda:
-        impls = [i for i in impls if i != "packed_triton"]
+        impls = [i for i in impls if not i.startswith("packed_triton")]
     results, ref_lp = {}, None
     mask = batch["loss_mask"].bool()
 
@@ -257,8 +257,12 @@ def run(args) -> dict:
         if impl == "stock":
             step = StockStep(model, batch, args.stock_micro)
         elif impl.startswith("packed_"):
+            # packed_<backend>[@<attention>]: @sdpa / @torch_varlen / @flash_attn pins the packed-attention
+            # kernel (VERL_PACKED_ATTN_BACKEND) for this row; without it the default choice applies.
+            name, _, attn = impl.partition("@")
+            os.environ["VERL_PACKED_ATTN_BACKEND"] = attn or "auto"
             apply_monkey_patch(model, use_remove_padding=True, use_fused_kernels=True,
-                               fused_kernels_backend=impl.split("_", 1)[1])
+                               fused_kernels_backend=name.split("_", 1)[1])
             step = PackedStep(model, batch)
         elif impl == "megatron":
             step = MegatronStep(megatron_dir, batch)

@@ -1,13 +1,19 @@
 """Causal attention that never crosses packed-sequence boundaries, and the Qwen3.5 gated attention forward.
 
-``varlen_causal_attention`` uses flash-attn's varlen kernel when it is installed and the tensors live on
-CUDA; otherwise it lays the sequences out as right-padded rows and runs causal SDPA, which is exact for real
-tokens (every padded key sits after every real query of its row, so the causal mask already hides it).
+``varlen_causal_attention`` picks, for half-precision CUDA tensors, flash-attn's varlen kernel when the package
+is installed, else PyTorch's own variable-length attention (``torch.nn.attention.varlen.varlen_attn``, a
+flash kernel shipped with torch >= 2.10, so flash-attn is not needed for the fast path). Otherwise (CPU, fp32,
+older torch) it lays the sequences out as right-padded rows and runs causal SDPA, which is exact for real
+tokens (every padded key sits after every real query of its row, so the causal mask already hides it) but
+pays for the padding. ``VERL_PACKED_ATTN_BACKEND`` = flash_attn | torch_varlen | sdpa forces one (benchmarks).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
+import os
 from typing import Optional
 
 import torch
@@ -25,6 +31,67 @@ def _flash_varlen():
     return flash_attn_varlen_func
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_varlen():
+    """(varlen_attn, its keyword names) from torch, or None on a torch without it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except Exception:
+        return None
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def torch_varlen_causal(q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
+    """Causal packed attention through ``torch.nn.attention.varlen.varlen_attn``, whose keywords changed
+    between releases: causality is ``is_causal`` (2.10) or ``window_size=(-1, 0)`` (2.11+); ``scale`` and
+    ``enable_gqa`` exist only in newer ones (else q is pre-scaled and k/v heads repeated)."""
+    fn, names = _torch_varlen()
+    kwargs = {}
+    if "window_size" in names:
+        kwargs["window_size"] = (-1, 0)
+    else:
+        kwargs["is_causal"] = True
+    if "scale" in names:
+        kwargs["scale"] = scale
+    else:
+        q = q * (scale * q.shape[-1] ** 0.5)
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in names:
+            kwargs["enable_gqa"] = True
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    cu = cu_seqlens.to(torch.int32)
+    return fn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kwargs)
+
+
+BACKEND_ENV = "VERL_PACKED_ATTN_BACKEND"
+
+
+def packed_attention_backend(q: torch.Tensor, dropout: float = 0.0) -> str:
+    """Which kernel :func:`varlen_causal_attention` uses for ``q``: flash_attn, torch_varlen or sdpa."""
+    forced = os.environ.get(BACKEND_ENV, "auto").lower()
+    fast = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    if forced != "auto":
+        if forced not in ("flash_attn", "torch_varlen", "sdpa"):
+            raise ValueError(f"{BACKEND_ENV}={forced!r}: expected auto, flash_attn, torch_varlen or sdpa")
+        return forced
+    if fast and _flash_varlen() is not None:
+        return "flash_attn"
+    if fast and dropout == 0.0 and _torch_varlen() is not None:
+        return "torch_varlen"
+    if fast:
+        _warn_padded_fallback()
+    return "sdpa"
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_padded_fallback():
+    logging.getLogger(__name__).warning(
+        "packed attention on CUDA runs padded SDPA: neither flash-attn nor torch.nn.attention.varlen (torch >= "
+        "2.10) is available, so every sequence is padded to the longest one")
+
+
 def varlen_causal_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -35,10 +102,15 @@ def varlen_causal_attention(
     dropout: float = 0.0,
 ) -> torch.Tensor:
     """q: (T, Hq, D), k/v: (T, Hkv, D) packed tokens; returns (T, Hq, D)."""
-    flash = _flash_varlen()
-    if flash is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+    backend = packed_attention_backend(q, dropout)
+    if backend == "flash_attn":
         cu = cu_seqlens.to(torch.int32)
-        return flash(q, k, v, cu, cu, max_seqlen, max_seqlen, dropout_p=dropout, softmax_scale=scale, causal=True)
+        return _flash_varlen()(q, k, v, cu, cu, max_seqlen, max_seqlen, dropout_p=dropout, softmax_scale=scale,
+                               causal=True)
+    if backend == "torch_varlen":
+        if dropout:
+            raise ValueError("torch varlen attention has no dropout; use flash_attn or sdpa")
+        return torch_varlen_causal(q, k, v, cu_seqlens, max_seqlen, scale)
     qb, index = packed_to_batch(q, cu_seqlens, max_seqlen)
     kb, _ = packed_to_batch(k, cu_seqlens, max_seqlen)
     vb, _ = packed_to_batch(v, cu_seqlens, max_seqlen)

@@ -1,8 +1,9 @@
-"""The built-in engine: batched sampling with the training model itself (HF ``generate``).
+"""The built-in engine: sampling with the training model itself, so weight sync is free.
 
-It shares the actor's module, so weight sync is free. Batches are left-padded; position ids follow the
-attention mask so that full-attention layers see the same positions as in training, and the patched
-Qwen3.5 layers keep pad positions out of the Gated DeltaNet conv and recurrent states.
+Qwen3.5 (dense, MoE, VL) runs this project's own decode loop (``verl.workers.rollout.hf_engine``): packed
+prefill into preallocated slots, a CUDA-graph decode step, sampling on the device, continuous batching. Other
+architectures use HF ``generate`` on left-padded batches (position ids follow the attention mask so that
+full-attention layers see the same positions as in training).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from verl.models.registry import SUPPORTED_ARCHITECTURES, get_model_spec
 from verl.utils.fsdp_utils import gathered_for_inference
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, GenerationRequest, SamplingParams
 
@@ -26,6 +28,10 @@ class HFRollout(BaseRollout):
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.micro_batch_size = int(config.get("micro_batch_size") or 0) or None
+        spec = get_model_spec(module.config)
+        # The own decode loop knows the Qwen3.5 layer wiring; everything else goes through `generate`.
+        self.decode_engine = spec.architecture in SUPPORTED_ARCHITECTURES and spec.has_linear_attention
+        self.last_stats: dict = {}
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], **kwargs) -> None:
         # Generation uses the live training module; nothing to copy.
@@ -34,6 +40,10 @@ class HFRollout(BaseRollout):
 
     @torch.no_grad()
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[GenerationOutput]]:
+        if self.decode_engine:
+            from verl.workers.rollout.hf_engine.entry import generate_with_engine
+
+            return generate_with_engine(self, requests, params)
         results: list[list[GenerationOutput]] = [[] for _ in requests]
         chunk = self.micro_batch_size or len(requests)
         for _ in range(params.n):

@@ -1,0 +1,277 @@
+"""Rollout throughput: the ``hf`` engine's own Qwen3.5 decode loop vs Hugging Face ``model.generate``.
+
+Same process, same randomly initialised model (Qwen3.5-0.8B shape, bf16; the shape of scripts/gpu_grpo_step.py):
+
+  (1) fixed lengths: B prompts of 256 random tokens, 512 new tokens forced (no stop token), sampling at T=1
+      (no top-k / top-p), B = 64 and 256. ``engine`` is ``HFRollout.generate`` (packed prefill, CUDA-graph
+      decode, on-device sampling, continuous batching); ``generate`` is ``model.generate(do_sample=True,
+      temperature=1, top_k=0, min_new_tokens=512)`` on the left-padded batch. New tokens/s = B * 512 / wall
+      time of the whole call (prefill included), after one small warm-up call of each.
+  (2) GRPO-like length mix: P prompts (uniform 100-500 tokens) x n samples, response lengths log-normal
+      (median 128, sigma 0.9, clipped to 16..512; seeded), imposed as per-sequence token budgets (random
+      weights never emit a meaningful EOS), ``max_num_seqs`` slots. Rows: the engine with continuous batching;
+      the engine in static batches (a batch is refilled only when all its sequences ended); and ``generate``
+      in static batches (each batch runs to its longest member: the cost of one batch is measured on the first
+      batch and charged to every batch, to keep the run short). Useful tokens/s = real response tokens / time.
+
+    python benchmarks/bench_rollout.py                   # CUDA (fla needed for the fused kernels)
+    python benchmarks/bench_rollout.py --smoke           # tiny model, CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import fmt_table  # noqa: E402
+
+_T0 = time.time()
+
+SHAPE_0P8B = dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=3584, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
+                  linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
+                  max_position_embeddings=32768, tie_word_embeddings=True)
+SHAPE_SMOKE = dict(num_hidden_layers=4, vocab_size=2048)
+
+
+def log(msg: str) -> None:
+    print(f"[rollout +{time.time() - _T0:6.1f}s] {msg}", flush=True)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build_model(shape, device, dtype):
+    import transformers as tf
+
+    from verl.models.tiny import tiny_text_config_kwargs
+
+    cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**shape))
+    cfg.architectures = ["Qwen3_5ForCausalLM"]
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = tf.Qwen3_5ForCausalLM(cfg)
+    return model.to(dtype).eval()
+
+
+def make_rollout(model, slots: int, **hf_kwargs):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    cfg = OmegaConf.create({"max_num_seqs": slots, "max_num_batched_tokens": 16384,
+                            "engine_kwargs": {"hf": hf_kwargs}})
+    return HFRollout(cfg, None, SimpleNamespace(pad_token_id=0, eos_token_id=1), module=model)
+
+
+def random_prompts(lengths, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(16, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def timed(fn, device):
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t0, out
+
+
+def hf_generate(model, prompts, new_tokens, device):
+    lmax = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), lmax, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, lmax - len(p):] = torch.tensor(p)
+        mask[i, lmax - len(p):] = 1
+    from transformers import GenerationConfig
+
+    with torch.no_grad():
+        return model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True,
+                              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, pad_token_id=0, generation_config=GenerationConfig())
+
+
+def engine_generate(rollout, prompts, new_tokens, seed=0):
+    from verl.workers.rollout.base import GenerationRequest, SamplingParams
+
+    return rollout.generate([GenerationRequest(p) for p in prompts],
+                            SamplingParams(temperature=1.0, max_tokens=new_tokens, stop_token_ids=[], seed=seed))
+
+
+def fixed_lengths(model, args, device, vocab) -> list[dict]:
+    rows = []
+    for b in args.batches:
+        prompts = random_prompts([args.prompt_len] * b, vocab, seed=b)
+        variants = [("engine", {})] + ([("engine, bf16 state", {"state_dtype": "bfloat16"})] if args.bf16_state else [])
+        for impl, kw in variants:
+            rollout = make_rollout(model, b, **kw)
+            engine_generate(rollout, prompts, 8)  # warm-up on the same prompts (prefill kernels for this shape)
+            t, outs = timed(lambda: engine_generate(rollout, prompts, args.new_tokens), device)
+            assert all(len(o[0].token_ids) == args.new_tokens for o in outs)
+            st = rollout.last_stats
+            rows.append(dict(case="fixed", batch=b, impl=impl, seconds=t, tokens=b * args.new_tokens,
+                             tok_s=b * args.new_tokens / t, prefill_s=st["prefill_s"], capture_s=st["capture_s"]))
+            decode = t - st["prefill_s"] - st["capture_s"]
+            log(f"{impl} B={b}: {t:.2f}s, {rows[-1]['tok_s']:,.0f} new tok/s (prefill {st['prefill_s']:.2f}s, graph "
+                f"capture {st['capture_s']:.2f}s, decode {1e3 * decode / args.new_tokens:.2f} ms/step)")
+        if not args.skip_generate:
+            hf_generate(model, prompts[:2], 2, device)
+            t, out = timed(lambda: hf_generate(model, prompts, args.new_tokens, device), device)
+            assert out.shape[1] == args.prompt_len + args.new_tokens
+            rows.append(dict(case="fixed", batch=b, impl="generate", seconds=t, tokens=b * args.new_tokens,
+                             tok_s=b * args.new_tokens / t))
+            log(f"generate B={b}: {t:.2f}s, {rows[-1]['tok_s']:,.0f} new tok/s")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def length_mix(model, args, device, vocab) -> list[dict]:
+    import numpy as np
+
+    from verl.workers.rollout.hf_engine.engine import DecodeEngine, SeqRequest
+    from verl.workers.rollout.hf_engine.entry import engine_options, unsharded
+    from verl.workers.rollout.hf_engine.qwen3_5_runner import PrefillSeq, Qwen35Runner
+    from verl.workers.rollout.hf_engine.sampling import SamplerConfig, sequence_key
+
+    rng = np.random.default_rng(args.mix_seed)
+    plens = rng.integers(args.mix_prompt[0], args.mix_prompt[1] + 1, args.mix_prompts).tolist()
+    prompts = random_prompts(plens, vocab, seed=7)
+    n = args.mix_n
+    resp = np.clip(np.round(rng.lognormal(np.log(args.mix_median), args.mix_sigma, len(prompts) * n)),
+                   args.mix_clip[0], args.mix_clip[1]).astype(int).tolist()
+    useful = sum(resp)
+    slots = args.mix_slots
+    log(f"length mix: {len(prompts)} prompts x n={n}, responses median {int(np.median(resp))}, max {max(resp)}, "
+        f"{useful} useful tokens, {slots} slots")
+
+    def seqs():
+        out = []
+        for i, p in enumerate(prompts):
+            for k in range(n):
+                out.append(SeqRequest(PrefillSeq(p), sequence_key(0, p, k), resp[i * n + k], ("p", i)))
+        return out
+
+    rows = []
+    for impl, continuous in (("engine (static batches)", False), ("engine (continuous)", True)):
+        opt, backend = engine_options(make_rollout(model, slots).config)
+        opt.continuous = continuous
+        engine = DecodeEngine(Qwen35Runner(model, backend), SamplerConfig(temperature=1.0), [], opt)
+        with unsharded(model):
+            engine.run(seqs())  # warm-up: the same workload once (prefill kernels for its packed shapes)
+            t, res = timed(lambda: engine.run(seqs()), device)
+        assert [len(r.tokens) for r in res] == resp
+        st = opt.stats
+        rows.append(dict(case="mix", batch=slots, impl=impl, seconds=t, tokens=useful, tok_s=useful / t,
+                         mean_running=st["slot_steps"] / max(1, st["decode_steps"]), prefills=st["prefills"],
+                         decode_steps=st["decode_steps"]))
+        log(f"{impl}: {t:.2f}s, {useful / t:,.0f} useful tok/s, {st['prefills']} prefills, {st['decode_steps']} "
+            f"decode steps, mean running sequences {rows[-1]['mean_running']:.1f} of {slots}")
+    if not args.skip_generate:
+        # generate in static batches of `slots` sequences (prompt-major order, as the trainer lays them out);
+        # a batch runs to its longest member. Its time per step is measured on the first batch over
+        # --mix-gen-steps steps (it is launch-bound, nearly flat in length) and charged to every batch's steps.
+        flat = [p for p in prompts for _ in range(n)]
+        batches = [list(range(s, min(s + slots, len(flat)))) for s in range(0, len(flat), slots)]
+        steps0 = args.mix_gen_steps
+        t0, _ = timed(lambda: hf_generate(model, [flat[i] for i in batches[0]], steps0, device), device)
+        total = sum(t0 * max(resp[i] for i in b) / steps0 for b in batches)
+        rows.append(dict(case="mix", batch=slots, impl="generate (static batches)", seconds=total,
+                         tokens=useful, tok_s=useful / total))
+        log(f"generate: first batch {t0:.2f}s for {steps0} steps; all {len(batches)} batches to their longest "
+            f"member ~{total:.1f}s, {useful / total:,.0f} useful tok/s")
+    return rows
+
+
+def print_tables(rows, device_name, args):
+    fixed = [r for r in rows if r["case"] == "fixed"]
+    if fixed:
+        print(f"\n=== (1) new tokens/s, Qwen3.5-0.8B shape, {device_name}: prompts {args.prompt_len} tokens, "
+              f"{args.new_tokens} new tokens forced, sampling T=1 ===")
+        table = []
+        for b in args.batches:
+            gen = next((r for r in fixed if r["batch"] == b and r["impl"] == "generate"), None)
+            ordered = ([gen] if gen else []) + [r for r in fixed if r["batch"] == b and r is not gen]
+            for r in ordered:
+                ratio = f"{r['tok_s'] / gen['tok_s']:.1f}x" if gen else "-"
+                table.append([b, r["impl"], f"{r['seconds']:.2f}", f"{r['tok_s']:,.0f}", ratio])
+        print(fmt_table(["batch", "impl", "seconds", "new tok/s", "vs generate"], table))
+    mix = [r for r in rows if r["case"] == "mix"]
+    if mix:
+        print(f"\n=== (2) GRPO-like length mix ({args.mix_prompts} prompts x n={args.mix_n}, responses log-normal "
+              f"median {args.mix_median} sigma {args.mix_sigma} clipped {args.mix_clip}, {args.mix_slots} slots), "
+              f"{device_name} ===")
+        base = next((r["tok_s"] for r in mix if r["impl"].startswith("generate")), None)
+        if base:
+            print(f"generate: time per step measured over {args.mix_gen_steps} steps of the first batch, charged to "
+                  f"every batch's longest member")
+        table = [[r["impl"], f"{r['seconds']:.2f}", f"{r['tok_s']:,.0f}",
+                  f"{r['tok_s'] / base:.1f}x" if base else "-",
+                  f"{r['mean_running']:.1f}" if "mean_running" in r else "-",
+                  r.get("decode_steps", "-")] for r in mix]
+        print(fmt_table(["impl", "seconds", "useful tok/s", "vs generate", "mean running seqs", "decode steps"],
+                        table))
+    print(flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--device", default=None)
+    p.add_argument("--batches", default="64,256")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=512)
+    p.add_argument("--skip-generate", action="store_true")
+    p.add_argument("--cases", default="fixed,mix")
+    p.add_argument("--mix-prompts", type=int, default=128)
+    p.add_argument("--mix-n", type=int, default=4)
+    p.add_argument("--mix-slots", type=int, default=128)
+    p.add_argument("--mix-median", type=float, default=128)
+    p.add_argument("--mix-sigma", type=float, default=0.9)
+    p.add_argument("--mix-seed", type=int, default=0)
+    p.add_argument("--mix-gen-steps", type=int, default=128, help="steps of generate timed for the mix")
+    p.add_argument("--bf16-state", action="store_true", help="also an engine row with bf16 recurrent state")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    args.mix_prompt, args.mix_clip = (100, 500), (16, 512)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.smoke:
+        shape, dtype = SHAPE_SMOKE, torch.float32
+        args.batches, args.prompt_len, args.new_tokens = "2,4", 16, 8
+        args.mix_prompts, args.mix_n, args.mix_slots, args.mix_median = 4, 2, 3, 6
+        args.mix_prompt, args.mix_clip = (5, 20), (2, 16)
+        args.mix_gen_steps = 4
+    else:
+        shape, dtype = SHAPE_0P8B, torch.bfloat16
+    args.batches = [int(b) for b in str(args.batches).split(",")]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    model = build_model(shape, device, dtype)
+    log(f"device {name}, model {sum(x.numel() for x in model.parameters()) / 1e9:.3f} B params, {dtype}")
+    vocab = model.config.vocab_size
+    rows = []
+    cases = args.cases.split(",")
+    if "fixed" in cases:
+        rows += fixed_lengths(model, args, device, vocab)
+        print_tables(rows, name, args)
+    if "mix" in cases:
+        rows += length_mix(model, args, device, vocab)
+    print_tables(rows, name, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=name, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# GRPO on one GPU with the built-in `hf` rollout engine: the actor's own module generates (no vLLM, no weight
+# sync), through the Qwen3.5 decode loop of verl/workers/rollout/hf_engine (packed prefill, CUDA-graph decode,
+# continuous batching). See docs/advance/hf_rollout.md.
+# Data: python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
+# Model: a local copy of Qwen3.5-0.8B (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-0.8B
+set -xeuo pipefail
+
+MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-0.8B}
+DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
+
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files="$DATA_DIR/train.parquet" \
+    data.val_files="$DATA_DIR/test.parquet" \
+    data.train_batch_size=64 \
+    data.max_prompt_length=512 \
+    data.max_response_length=1024 \
+    actor_rollout_ref.model.path="$MODEL_PATH" \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
+    actor_rollout_ref.rollout.name=hf \
+    actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.rollout.max_num_seqs=256 \
+    actor_rollout_ref.rollout.max_num_batched_tokens=16384 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
+    trainer.n_gpus_per_node=1 \
+    trainer.nnodes=1 \
+    trainer.total_epochs=1 "$@"

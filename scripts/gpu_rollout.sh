@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# GPU check of the hf rollout engine (issue 14), in parts, each under its own time limit:
+#
+#   tests   pytest -m gpu tests/workers/rollout/test_hf_engine_gpu.py  (fla in-place recurrent step vs the
+#           torch reference, CUDA-graph replay vs eager, greedy parity with generate in fp32, torch varlen
+#           attention vs padded SDPA)
+#   bench   benchmarks/bench_rollout.py  (engine vs model.generate: 0.8B shape, B=64/256, 256+512 tokens;
+#           GRPO-like length mix with continuous vs static batching)
+#   grpo    scripts/gpu_grpo_step.py     (one GRPO step with the hf engine: generation's share of the step)
+#   actor   benchmarks/bench_actor_throughput.py --impls packed_triton@sdpa,packed_triton@torch_varlen
+#
+# Logs go to $OUT/<part>.log (default ./gpu_rollout_out). Expects fla etc. importable: on the lent machine install
+# BOTH wheel folders (.whlz with z3 first, then .whl; without z3 tilelang fails to import and fla with it), then
+#   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_rollout.sh
+# Knobs: PARTS="tests bench grpo actor", T_TESTS / T_BENCH / T_GRPO / T_ACTOR (seconds), BENCH_ARGS.
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-$PWD/gpu_rollout_out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+case ":${PYTHONPATH:-}:" in *":$PWD:"*) ;; *) export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" ;; esac
+PY="${PYTHON:-python3}"
+PARTS="${PARTS:-tests bench grpo actor}"
+declare -A RC SECS
+
+run_part() {
+    local name=$1 limit=$2; shift 2
+    echo "################ [$name] $(date -u +%H:%M:%S) limit ${limit}s: $*"
+    local t0=$SECONDS
+    timeout --signal=TERM --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    RC[$name]=$?
+    SECS[$name]=$((SECONDS - t0))
+    grep -v '^\[transformers\]' "$OUT/$name.log" | tail -n 40
+    echo "################ [$name] exit ${RC[$name]} after ${SECS[$name]}s"
+}
+
+for part in $PARTS; do
+    case $part in
+    tests) run_part tests "${T_TESTS:-240}" "$PY" -m pytest -q -m gpu tests/workers/rollout/test_hf_engine_gpu.py \
+               -p no:cacheprovider -rsfE ;;
+    bench) run_part bench "${T_BENCH:-360}" "$PY" benchmarks/bench_rollout.py --json "$OUT/bench_rollout.json" \
+               ${BENCH_ARGS:-} ;;
+    grpo)  run_part grpo "${T_GRPO:-240}" "$PY" scripts/gpu_grpo_step.py --workdir /tmp/verl_rollout_grpo \
+               --metrics-out "$OUT/grpo_metrics.jsonl" ;;
+    actor) run_part actor "${T_ACTOR:-200}" "$PY" benchmarks/bench_actor_throughput.py \
+               --impls packed_triton@sdpa,packed_triton@torch_varlen --warmup 1 --repeat 3 --no-ceiling \
+               --json "$OUT/actor.json" ;;
+    *) echo "unknown part $part" ;;
+    esac
+done
+echo "| part | exit | seconds |"
+for part in $PARTS; do [ -n "${RC[$part]+x}" ] && echo "| $part | ${RC[$part]} | ${SECS[$part]} |"; done
+exit 0

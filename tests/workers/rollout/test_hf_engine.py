@@ -1,0 +1,240 @@
+"""The hf rollout's own Qwen3.5 decode loop (verl.workers.rollout.hf_engine) on tiny fp32 models, CPU."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl.models.tiny import build_tiny_qwen3_5, tiny_vocab
+from verl.workers.rollout.base import GenerationRequest, SamplingParams
+from verl.workers.rollout.hf_engine.sampling import SamplerConfig, counter_uniform, sample_tokens
+from verl.workers.rollout.hf_rollout import HFRollout
+
+VOCAB = tiny_vocab()
+IMAGE_PAD = VOCAB["<|image_pad|>"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+_MODELS = {}
+
+
+def tiny(kind, init=0.3):
+    # A wide init makes the random model's next-token distribution far from uniform, so greedy decoding
+    # walks through many different tokens (a narrow one repeats one token and would prove little).
+    if (kind, init) not in _MODELS:
+        _MODELS[kind, init] = build_tiny_qwen3_5(None, kind=kind, seed=0, with_tokenizer=False, initializer_range=init)
+    return _MODELS[kind, init]
+
+
+def rollout(model, **cfg):
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=VOCAB["<|im_end|>"])
+    return HFRollout(OmegaConf.create({"enforce_eager": True, **cfg}), None, tok, module=model)
+
+
+def prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(30, 120, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy(model, ids, n_new, **extra):
+    out = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=n_new, min_new_tokens=n_new,
+                         do_sample=False, pad_token_id=0, **extra)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_greedy_matches_generate(kind):
+    model = tiny(kind)
+    ps = prompts([5, 11, 3, 8])
+    outs = rollout(model, max_num_seqs=3).generate([GenerationRequest(p) for p in ps],
+                                                   SamplingParams(temperature=0.0, max_tokens=10))
+    for p, o in zip(ps, outs):
+        assert o[0].token_ids == hf_greedy(model, p, 10)
+        assert o[0].finish_reason == "length"
+
+
+def _image_request(n_before, grid, n_after, seed):
+    g = torch.Generator().manual_seed(seed)
+    t, h, w = grid
+    ids = (torch.randint(30, 120, (n_before,), generator=g).tolist()
+           + [VOCAB["<|vision_start|>"], IMAGE_PAD, VOCAB["<|vision_end|>"]]
+           + torch.randint(30, 120, (n_after,), generator=g).tolist())
+    pixels = torch.randn(t * h * w, 3 * 2 * 4 * 4, generator=g)
+    outs = {"pixel_values": pixels, "image_grid_thw": torch.tensor([grid])}
+    return GenerationRequest(ids, multi_modal_data={"image": [None], "processor_outputs": outs})
+
+
+def test_vl_greedy_matches_generate():
+    model = tiny("vl")
+    reqs = [_image_request(4, (1, 4, 4), 3, 0), _image_request(2, (1, 4, 8), 6, 1), GenerationRequest(prompts([6])[0])]
+    r = rollout(model, max_num_seqs=2)
+    outs = r.generate(reqs, SamplingParams(temperature=0.0, max_tokens=8))
+    from verl.workers.rollout.hf_rollout import _expand_vision_tokens
+
+    for req, o in zip(reqs, outs):
+        ids = _expand_vision_tokens(req, model.config)
+        # the engine never samples a vision placeholder (it would have no pixels in the training forward)
+        extra = {"suppress_tokens": [IMAGE_PAD, VOCAB["<|video_pad|>"]]}
+        mm = (req.multi_modal_data or {}).get("processor_outputs")
+        if mm:
+            t = torch.tensor([ids])
+            extra.update(pixel_values=mm["pixel_values"], image_grid_thw=mm["image_grid_thw"],
+                         mm_token_type_ids=(t == IMAGE_PAD).int())
+        assert o[0].token_ids == hf_greedy(model, ids, 8, **extra)
+
+
+def test_sampling_is_reproducible_and_seeded():
+    model = tiny("dense")
+    reqs = [GenerationRequest(p) for p in prompts([4, 9, 6])]
+    params = dict(temperature=1.0, top_k=50, max_tokens=12)
+    a = rollout(model).generate(reqs, SamplingParams(seed=7, **params))
+    b = rollout(model).generate(reqs, SamplingParams(seed=7, **params))
+    c = rollout(model).generate(reqs, SamplingParams(seed=8, **params))
+    toks = lambda outs: [o[0].token_ids for o in outs]  # noqa: E731
+    assert toks(a) == toks(b)
+    assert toks(a) != toks(c)
+    assert [o[0].log_probs for o in a] == [o[0].log_probs for o in b]
+
+
+def test_n_samples_share_a_prefill_but_differ():
+    model = tiny("dense")
+    r = rollout(model)
+    p = prompts([7])[0]
+    outs = r.generate([GenerationRequest(p), GenerationRequest(p)], SamplingParams(n=3, temperature=1.0, seed=1,
+                                                                                   max_tokens=10))
+    samples = [o.token_ids for group in outs for o in group]
+    assert len(samples) == 6 and len({tuple(s) for s in samples}) == 6  # six distinct streams
+    assert r.last_stats["prefill_tokens"] == len(p)  # one prefill for all six
+
+
+def test_continuous_batching_equals_one_by_one():
+    model = tiny("dense")
+    stop = [40, 41, 42, 43, 44, 45]  # frequent enough to end sequences at different lengths
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=16, stop_token_ids=stop)
+    ps = prompts([5, 9, 3, 12, 7, 4, 10])
+    reqs = [GenerationRequest(p) for p in ps]
+    r = rollout(model, max_num_seqs=3)
+    batched = r.generate(reqs, params)
+    assert r.last_stats["prefills"] > 1  # slots were refilled while others ran
+    lengths = {len(o[0].token_ids) for o in batched}
+    assert len(lengths) > 1 and any(o[0].finish_reason == "stop" for o in batched)
+    for req, o in zip(reqs, batched):
+        alone = rollout(model).generate([req], params)[0][0]
+        assert alone.token_ids == o[0].token_ids
+        assert alone.finish_reason == o[0].finish_reason
+        # other prompts in the packed prefill change the chunking, hence float rounding (not tokens)
+        torch.testing.assert_close(torch.tensor(alone.log_probs), torch.tensor(o[0].log_probs), rtol=1e-4, atol=1e-5)
+
+
+def test_stop_token_ends_sequence_and_is_kept():
+    model = tiny("dense")
+    p = prompts([6])[0]
+    free = rollout(model).generate([GenerationRequest(p)], SamplingParams(temperature=0.0, max_tokens=10))[0][0]
+    stop_at = free.token_ids[3]
+    first = free.token_ids.index(stop_at)
+    out = rollout(model).generate([GenerationRequest(p)], SamplingParams(temperature=0.0, max_tokens=10,
+                                                                        stop_token_ids=[stop_at]))[0][0]
+    assert out.token_ids == free.token_ids[: first + 1] and out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_log_probs_match_trainer_recomputation(kind):
+    """Rollout log-probs (after temperature) equal the packed training forward's, fp32, to 1e-5."""
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    # The default init: the wide one gives logits in the hundreds, where fp32 rounding alone exceeds 1e-5.
+    model = tiny(kind, init=0.02)
+    temperature = 0.7
+    ps = prompts([5, 9, 7], seed=4)
+    outs = rollout(model, max_num_seqs=2).generate([GenerationRequest(p) for p in ps],
+                                                   SamplingParams(temperature=temperature, seed=0, max_tokens=9))
+    import copy
+
+    trainer = copy.deepcopy(model)
+    apply_monkey_patch(trainer, use_remove_padding=True)
+    seqs = [p + o[0].token_ids for p, o in zip(ps, outs)]
+    ids = torch.tensor([sum(seqs, [])])
+    pos = torch.cat([torch.arange(len(s)) for s in seqs])[None]
+    with torch.no_grad():
+        logits = trainer(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    start = 0
+    for p, s, o in zip(ps, seqs, outs):
+        n = len(o[0].token_ids)
+        rows = torch.arange(start + len(p) - 1, start + len(p) - 1 + n)
+        ref = logp[rows, torch.tensor(o[0].token_ids)]
+        torch.testing.assert_close(torch.tensor(o[0].log_probs), ref, rtol=0, atol=1e-5)
+        start += len(s)
+
+
+def test_sampler_top_k_top_p_and_distribution():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 50, generator=g) * 2
+    n = 20000
+    keys = torch.arange(n) * 7919 % (2**31 - 1)
+    steps = torch.zeros(n, dtype=torch.long)
+    rep = logits.expand(n, -1)
+    tok, lp = sample_tokens(rep, SamplerConfig(temperature=1.0), keys, steps)
+    freq = torch.bincount(tok, minlength=50).float() / n
+    assert (freq - torch.softmax(logits[0], -1)).abs().max() < 0.02
+    torch.testing.assert_close(lp, torch.log_softmax(logits[0], -1)[tok])
+    top3 = set(torch.topk(logits[0], 3).indices.tolist())
+    tok_k, _ = sample_tokens(rep, SamplerConfig(temperature=1.0, top_k=3), keys, steps)
+    assert set(tok_k.tolist()) == top3
+    tok_p, _ = sample_tokens(rep, SamplerConfig(temperature=1.0, top_p=1e-6), keys, steps)
+    assert set(tok_p.tolist()) == {int(logits[0].argmax())}
+    sup = torch.tensor([int(logits[0].argmax())])
+    tok_g, _ = sample_tokens(rep[:2], SamplerConfig(temperature=0.0), keys[:2], steps[:2], sup)
+    assert int(tok_g[0]) == int(torch.topk(logits[0], 2).indices[1])
+    u = counter_uniform(keys, steps)
+    assert 0 < float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.01
+
+
+def test_unknown_engine_kwargs_are_refused():
+    model = tiny("dense")
+    r = rollout(model, engine_kwargs={"hf": {"bogus": 1}})
+    with pytest.raises(ValueError, match="bogus"):
+        r.generate([GenerationRequest([40, 41])], SamplingParams(max_tokens=2))
+
+
+@pytest.fixture
+def gloo_group():
+    import os
+    import tempfile
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    fd, path = tempfile.mkstemp(prefix="verl_hf_engine_pg_")
+    os.close(fd)
+    os.remove(path)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_fsdp2_module_gathers_once_and_reshards(gloo_group):
+    """Under FSDP2 the loop runs on parameters gathered for the whole call and leaves them sharded again."""
+    import copy
+
+    from torch.distributed.tensor import DTensor
+
+    from verl.utils.fsdp_utils import apply_fsdp2, create_device_mesh
+
+    model = tiny("dense")
+    ps = prompts([6, 10, 4])
+    params = SamplingParams(temperature=1.0, seed=2, max_tokens=8)
+    plain = rollout(model, max_num_seqs=2).generate([GenerationRequest(p) for p in ps], params)
+    sharded = apply_fsdp2(copy.deepcopy(model), create_device_mesh(1, -1, "cpu"), None)
+    outs = rollout(sharded, max_num_seqs=2).generate([GenerationRequest(p) for p in ps], params)
+    assert [o[0].token_ids for o in outs] == [o[0].token_ids for o in plain]
+    assert all(isinstance(p, DTensor) for p in sharded.parameters())  # resharded after the rollout
+    with torch.no_grad():  # and the training forward still runs through FSDP's hooks
+        sharded(input_ids=torch.tensor([ps[0]]), use_cache=False)

@@ -1,0 +1,97 @@
+"""Preallocated per-slot decoding state for a hybrid Qwen3.5 model, plus the per-slot bookkeeping rows.
+
+One tensor per kind of state, with the slot as the second dimension, so that moving or copying a slot is one
+indexed copy per tensor and the rows ``[:b]`` of a layer are a contiguous view (what a batch-size bucket's
+CUDA graph reads and writes in place):
+
+* ``kv``:   (n_attn_layers, 2, slots, kv_heads, max_len, head_dim) keys and values of the full-attention layers
+  (head-major so that one slot/head's cache is a contiguous (L, D) matrix for the decode matmuls);
+* ``conv``: (n_gdn_layers, slots, conv_width - 1, conv_dim) the last pre-conv q/k/v inputs of each sequence;
+* ``rec``:  (n_gdn_layers, slots, v_heads, k_dim, v_dim) the Gated DeltaNet recurrent state (fp32 by default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class CacheShape:
+    n_attn: int
+    kv_heads: int
+    head_dim: int
+    n_gdn: int
+    conv_width: int
+    conv_dim: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+
+    @classmethod
+    def from_text_config(cls, cfg) -> "CacheShape":
+        types = list(cfg.layer_types)
+        return cls(
+            n_attn=types.count("full_attention"),
+            kv_heads=cfg.num_key_value_heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            n_gdn=types.count("linear_attention"),
+            conv_width=cfg.linear_conv_kernel_dim,
+            conv_dim=2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
+            + cfg.linear_num_value_heads * cfg.linear_value_head_dim,
+            v_heads=cfg.linear_num_value_heads,
+            k_dim=cfg.linear_key_head_dim,
+            v_dim=cfg.linear_value_head_dim,
+        )
+
+    def bytes_per_slot(self, max_len: int, dtype: torch.dtype, state_dtype: torch.dtype) -> int:
+        e, s = torch.empty(0, dtype=dtype).element_size(), torch.empty(0, dtype=state_dtype).element_size()
+        kv = self.n_attn * 2 * self.kv_heads * max_len * self.head_dim * e
+        conv = self.n_gdn * (self.conv_width - 1) * self.conv_dim * e
+        rec = self.n_gdn * self.v_heads * self.k_dim * self.v_dim * s
+        return kv + conv + rec
+
+
+class SlotCache:
+    """Model state and per-slot rows for ``slots`` sequences of up to ``max_len`` tokens each."""
+
+    def __init__(self, shape: CacheShape, slots: int, max_len: int, max_new: int, device, dtype,
+                 state_dtype=torch.float32):
+        self.shape, self.slots, self.max_len, self.max_new = shape, slots, max_len, max_new
+        z = dict(device=device)
+        self.kv = torch.zeros(shape.n_attn, 2, slots, shape.kv_heads, max_len, shape.head_dim, dtype=dtype, **z)
+        self.conv = torch.zeros(shape.n_gdn, slots, shape.conv_width - 1, shape.conv_dim, dtype=dtype, **z)
+        self.rec = torch.zeros(shape.n_gdn, slots, shape.v_heads, shape.k_dim, shape.v_dim, dtype=state_dtype, **z)
+        # Per-slot rows read and written by the decode step.
+        self.tokens = torch.zeros(slots, dtype=torch.long, **z)  # last sampled token (next step's input)
+        self.lengths = torch.zeros(slots, dtype=torch.long, **z)  # tokens in the cache = next write position
+        self.rope_delta = torch.zeros(slots, dtype=torch.long, **z)  # mRoPE position minus cache position
+        self.keys = torch.zeros(slots, dtype=torch.long, **z)  # random stream key
+        self.steps = torch.zeros(slots, dtype=torch.long, **z)  # tokens generated so far
+        self.limit = torch.zeros(slots, dtype=torch.long, **z)  # max new tokens of the slot's sequence
+        self.done = torch.ones(slots, dtype=torch.bool, **z)
+        self.out_tokens = torch.zeros(slots, max_new, dtype=torch.long, **z)
+        self.out_logprobs = torch.zeros(slots, max_new, dtype=torch.float32, **z)
+
+    def _tensors(self):
+        big = [(self.kv, 2), (self.conv, 1), (self.rec, 1)]
+        rows = [self.tokens, self.lengths, self.rope_delta, self.keys, self.steps, self.limit, self.done,
+                self.out_tokens, self.out_logprobs]
+        return big, rows
+
+    def move(self, src: list[int], dst: list[int]) -> None:
+        """Copy slots ``src`` onto slots ``dst`` (every state tensor and row)."""
+        if not src:
+            return
+        s = torch.tensor(src, device=self.tokens.device)
+        d = torch.tensor(dst, device=self.tokens.device)
+        big, rows = self._tensors()
+        for t, dim in big:
+            t.index_copy_(dim, d, t.index_select(dim, s))
+        for t in rows:
+            t.index_copy_(0, d, t.index_select(0, s))
+
+    def release(self, slots: list[int]) -> None:
+        if slots:
+            self.done[torch.tensor(slots, device=self.done.device)] = True

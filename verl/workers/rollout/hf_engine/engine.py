@@ -1,0 +1,249 @@
+"""Continuous-batching decode loop over preallocated slots, with the decode step captured as CUDA graphs.
+
+Slots ``[0, n_active)`` hold the running sequences (kept contiguous: when sequences finish, the highest
+running slots move down into the holes), so a step over ``b`` running sequences is the captured graph of the
+smallest bucket ``>= b``. Finished slots are refilled from the waiting queue as soon as enough of them are
+free (a prefill over many prompts costs about as much as one over a few), so a long tail does not idle the
+batch. The host looks at the device every ``sync_every`` steps; a sequence that finished in between only
+repeats no-op steps (its bookkeeping is masked on the device).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Hashable, Optional
+
+import torch
+
+from verl.workers.rollout.hf_engine.cache import SlotCache
+from verl.workers.rollout.hf_engine.qwen3_5_runner import PrefillSeq, Qwen35Runner
+from verl.workers.rollout.hf_engine.sampling import SamplerConfig, sample_tokens
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SeqRequest:
+    """One sequence to generate: its prompt, random-stream key and token budget."""
+
+    prompt: PrefillSeq
+    key: int
+    max_new: int
+    share_key: Optional[Hashable] = None  # equal keys (same prompt) share one prefill when admitted together
+
+
+@dataclass
+class SeqResult:
+    tokens: list[int]
+    log_probs: list[float]
+    finish_reason: str
+
+
+@dataclass
+class EngineOptions:
+    max_num_seqs: int = 256
+    prefill_tokens: int = 8192  # prompt tokens per packed prefill forward
+    use_cuda_graph: bool = True
+    capture_sizes: Optional[list[int]] = None
+    sync_every: int = 4
+    continuous: bool = True
+    admit_fraction: float = 0.125  # refill once this fraction of the slots (or all that wait) is free
+    state_dtype: torch.dtype = torch.float32
+    stats: dict = field(default_factory=dict)
+
+
+def default_capture_sizes(capacity: int) -> list[int]:
+    """1, 2, 4, ..., 32, then every 32 up to the slot count (a step runs at most 32 idle rows)."""
+    sizes = [s for s in (1, 2, 4, 8, 16, 32) if s < capacity] + list(range(64, capacity, 32)) + [capacity]
+    return sorted(set(sizes))
+
+
+class DecodeEngine:
+    def __init__(self, runner: Qwen35Runner, sampler: SamplerConfig, stop_ids: list[int], options: EngineOptions):
+        self.runner, self.sampler, self.opt = runner, sampler, options
+        dev = runner.device
+        self.stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)
+        self.stop_set = set(int(s) for s in stop_ids)
+        sup = sampler.suppress_ids
+        self.suppress = torch.tensor(list(sup), dtype=torch.long, device=dev) if sup else None
+        self.cache: Optional[SlotCache] = None
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    # ------------------------------------------------------------------------------------------ device steps
+    def _book(self, rows: torch.Tensor, logits: torch.Tensor, fed_token: bool) -> None:
+        """Sample for ``rows`` and record token, log-prob and finish state (no host sync). ``fed_token``: the
+        step consumed the previous token (decode), so it now sits in the cache."""
+        c = self.cache
+        steps = c.steps[rows]
+        active = ~c.done[rows]
+        tok, lp = sample_tokens(logits, self.sampler, c.keys[rows], steps, self.suppress)
+        col = steps.clamp(max=c.max_new - 1)
+        c.out_tokens[rows, col] = torch.where(active, tok, c.out_tokens[rows, col])
+        c.out_logprobs[rows, col] = torch.where(active, lp, c.out_logprobs[rows, col])
+        inc = active.long()
+        new_steps = steps + inc
+        c.steps[rows] = new_steps
+        if fed_token:
+            c.lengths[rows] = c.lengths[rows] + inc
+        c.tokens[rows] = torch.where(active, tok, c.tokens[rows])
+        finished = new_steps >= c.limit[rows]
+        if self.stop.numel():
+            finished = finished | torch.isin(tok, self.stop)
+        c.done[rows] = c.done[rows] | (active & finished)
+
+    def _decode_eager(self, b: int) -> None:
+        rows = torch.arange(b, device=self.runner.device)
+        self._book(rows, self.runner.decode_logits(self.cache, b), fed_token=True)
+
+    def _capture(self, sizes: list[int]) -> None:
+        """Capture one graph per bucket, largest first, before any sequence is live: the eager warm-up steps
+        (kernel compiles, library handles) write only into still-empty slots. Warm-up runs for the largest and
+        the smallest bucket; the buckets in between reuse those compiled kernels."""
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for b in {max(sizes), min(sizes)}:
+                self._decode_eager(b)
+        torch.cuda.current_stream().wait_stream(side)
+        for b in sorted(sizes, reverse=True):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._decode_eager(b)
+            self.graphs[b] = graph
+        torch.cuda.synchronize()
+
+    def _decode(self, b: int) -> None:
+        if self.graphs:
+            bucket = min(s for s in self.graphs if s >= b)
+            self.graphs[bucket].replay()
+        else:
+            self._decode_eager(b)
+
+    # ------------------------------------------------------------------------------------------ host loop
+    @torch.no_grad()
+    def run(self, seqs: list[SeqRequest]) -> list[SeqResult]:
+        if not seqs:
+            return []
+        opt, runner = self.opt, self.runner
+        capacity = max(1, min(opt.max_num_seqs, len(seqs)))
+        max_len = max(len(s.prompt.ids) for s in seqs) + max(s.max_new for s in seqs)
+        max_new = max(s.max_new for s in seqs)
+        self.cache = SlotCache(runner.shape, capacity, max_len, max_new, runner.device, runner.dtype,
+                               opt.state_dtype)
+        try:
+            graphs = opt.use_cuda_graph and runner.device.type == "cuda"
+            if graphs and runner.is_moe:
+                logger.warning("hf rollout: the MoE block syncs with the host (data-dependent expert loop), so "
+                               "decode steps run eagerly without CUDA graphs")
+                graphs = False
+            self.opt.stats.clear()
+            self.opt.stats.update(capture_s=0.0, prefill_s=0.0, prefills=0, prefill_tokens=0, decode_steps=0,
+                                  slot_steps=0)
+            if graphs:
+                t0 = time.perf_counter()
+                sizes = sorted({min(s, capacity) for s in (opt.capture_sizes or default_capture_sizes(capacity))})
+                if capacity not in sizes:
+                    sizes.append(capacity)
+                self._capture(sizes)
+                self.opt.stats["capture_s"] = time.perf_counter() - t0
+            return self._loop(seqs, capacity)
+        finally:
+            self.graphs.clear()
+            self.cache = None
+
+    def _loop(self, seqs: list[SeqRequest], capacity: int) -> list[SeqResult]:
+        results: list[Optional[SeqResult]] = [None] * len(seqs)
+        waiting = deque(range(len(seqs)))
+        running: list[int] = []  # running[slot] = index into seqs
+        admit_min = max(1, int(capacity * self.opt.admit_fraction))
+        stats = self.opt.stats
+        while waiting or running:
+            free = capacity - len(running)
+            if waiting and free and (not running or (self.opt.continuous and free >= min(len(waiting), admit_min))):
+                self._admit(seqs, waiting, running, capacity)
+            b = len(running)
+            for _ in range(self.opt.sync_every):
+                self._decode(b)
+            stats["decode_steps"] += self.opt.sync_every
+            stats["slot_steps"] += self.opt.sync_every * b
+            done = self.cache.done[:b].tolist()
+            if any(done):
+                self._retire(seqs, running, done, results)
+        return results  # type: ignore[return-value]
+
+    def _admit(self, seqs, waiting: deque, running: list[int], capacity: int) -> None:
+        """Move waiting sequences into the free slots, prefilling at most ``prefill_tokens`` prompt tokens per
+        forward; sequences with the same ``share_key`` in one forward share its prefill."""
+        batch: list[int] = []
+        seen: set = set()
+        tokens = 0
+        while waiting and len(running) + len(batch) < capacity:
+            i = waiting[0]
+            key = self._share_key(seqs, i)
+            cost = 0 if key in seen else len(seqs[i].prompt.ids)
+            if batch and tokens + cost > self.opt.prefill_tokens:
+                self._prefill(seqs, batch, running)
+                batch, seen, tokens = [], set(), 0
+                continue
+            waiting.popleft()
+            batch.append(i)
+            seen.add(key)
+            tokens += cost
+        if batch:
+            self._prefill(seqs, batch, running)
+
+    @staticmethod
+    def _share_key(seqs, i: int) -> Hashable:
+        return seqs[i].share_key if seqs[i].share_key is not None else ("seq", i)
+
+    def _prefill(self, seqs, batch: list[int], running: list[int]) -> None:
+        c, dev = self.cache, self.runner.device
+        slots = list(range(len(running), len(running) + len(batch)))
+        unique: dict[Hashable, int] = {}
+        prompts, targets, order = [], [], []
+        for slot, i in zip(slots, batch):
+            key = self._share_key(seqs, i)
+            if key not in unique:
+                unique[key] = len(prompts)
+                prompts.append(seqs[i].prompt)
+                targets.append([])
+            targets[unique[key]].append(slot)
+            order.append(unique[key])
+        rows = torch.tensor(slots, device=dev)
+        c.keys[rows] = torch.tensor([seqs[i].key for i in batch], device=dev)
+        c.limit[rows] = torch.tensor([seqs[i].max_new for i in batch], device=dev)
+        c.steps[rows] = 0
+        c.done[rows] = False
+        t0 = time.perf_counter()
+        logits = self.runner.prefill(c, prompts, targets)
+        self._book(rows, logits.index_select(0, torch.tensor(order, device=dev)), fed_token=False)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # for the timing below; admission is a sync point anyway
+        running.extend(batch)
+        st = self.opt.stats
+        st["prefill_s"] += time.perf_counter() - t0
+        st["prefills"] += 1
+        st["prefill_tokens"] += sum(len(p.ids) for p in prompts)
+
+    def _retire(self, seqs, running: list[int], done: list[bool], results: list) -> None:
+        c = self.cache
+        fin = [slot for slot, d in enumerate(done) if d]
+        idx = torch.tensor(fin, device=c.tokens.device)
+        n = c.steps[idx].tolist()
+        toks = c.out_tokens[idx].tolist()
+        lps = c.out_logprobs[idx].tolist()
+        for j, slot in enumerate(fin):
+            k = n[j]
+            out = toks[j][:k]
+            reason = "stop" if out and out[-1] in self.stop_set else "length"
+            results[running[slot]] = SeqResult(out, lps[j][:k], reason)
+        keep = [slot for slot, d in enumerate(done) if not d]
+        moves = [(src, dst) for dst, src in enumerate(keep) if src != dst]
+        if moves:
+            c.move([s for s, _ in moves], [d for _, d in moves])
+        running[:] = [running[slot] for slot in keep]
+        c.release(list(range(len(keep), len(done))))
