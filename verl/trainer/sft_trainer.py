@@ -46,10 +46,11 @@ def compose_sft_config(argv: list[str]) -> tuple[DictConfig, str]:
     """Compose the config from command-line arguments (every override key checked), resolved, not validated."""
     from verl.trainer.config.checks import compose_config, split_overrides
     from verl.trainer.demo.sft_task import register_resolver
-    from verl.trainer.main_ppo import parse_cli
+    from verl.trainer.cli import parse_args
 
     register_resolver()
-    name, path, overrides = parse_cli(argv)
+    args = parse_args(argv)  # --config-path/--config-name exactly as main_ppo reads them
+    name, path, overrides = args.config_name, args.config_dir, args.overrides
     if not _config_name_given(argv):
         touched = {_override_key(o) for o in overrides}
         name = "sft_trainer_engine" if touched & set(_DEMO_TRIGGERS) else "sft_demo"
