@@ -109,6 +109,8 @@ class Qwen35Runner:
     """Generation forwards over a (possibly FSDP2-unsharded) Qwen3.5 causal LM or VL model."""
 
     def __init__(self, module: torch.nn.Module, recurrent_backend: str = "auto"):
+        if hasattr(module, "get_base_model"):  # PEFT: its LoRA layers sit inside the base model's modules
+            module = module.get_base_model()
         inner = module.model
         self.module = module
         self.vl = inner if hasattr(inner, "language_model") else None
