@@ -40,7 +40,7 @@ def test_grpo_server_mode_through_main_ppo(tmp_path):
         "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo",
         f"actor_rollout_ref.model.path={model}", "trainer.total_training_steps=2", "trainer.launcher=local",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "data.train_batch_size=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.n=2",
     ], timeout=1800)
     steps = train_records(rec)
