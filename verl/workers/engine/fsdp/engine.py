@@ -219,8 +219,9 @@ class FSDPEngine(BaseEngine):
         mask = batch[key]
         counts = torch.tensor([mask.sum().item(), (mask.sum(-1) > 0).sum().item()], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
+            counts = counts.to(self.device)  # NCCL reduces device tensors only
             dist.all_reduce(counts)
-            counts /= self.sp_size
+            counts = counts.cpu() / self.sp_size
         return {"dp_size": self.dp_size, "batch_num_tokens": counts[0].item(), "global_batch_size": counts[1].item()}
 
     def forward_backward_batch(self, data: DataProto, loss_fn: Optional[LossFn] = None, forward_only: bool = False,
