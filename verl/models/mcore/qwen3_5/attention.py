@@ -85,7 +85,7 @@ class Qwen35GatedAttention(MegatronModule):
     def forward(self, hidden_states, attention_mask=None, inference_context=None, rotary_pos_emb=None,
                 rotary_pos_cos=None, rotary_pos_sin=None, rotary_pos_cos_sin=None, attention_bias=None,
                 packed_seq_params=None, sequence_len_offset=None, **kwargs):
-        """``rotary_pos_emb``: (cos, sin), each [S, B, 1, rotary_dim], from the model's position ids."""
+        """``rotary_pos_emb``: cos and sin stacked, [2, S, B, 1, rotary_dim], from the model's position ids."""
         if inference_context is not None:
             raise NotImplementedError("the local Qwen3.5 spec is for training; decode with the rollout engine")
         qkv, _ = self.linear_qkv(hidden_states)  # [S, B, local]
