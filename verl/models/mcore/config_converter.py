@@ -67,7 +67,7 @@ def tie_word_embeddings(hf_config) -> bool:
 def qwen3_5_transformer_config_kwargs(hf_config, dtype: Any = None, **overrides) -> dict:
     """TransformerConfig keyword arguments for a Qwen3.5 HF config (text or VL: the text sub-config is used).
 
-    ``dtype`` (a torch dtype or None) sets ``params_dtype`` / ``bf16`` / ``fp16`` / ``pipeline_dtype``.
+    ``dtype`` (a torch dtype; None means fp32) sets ``params_dtype`` / ``bf16`` / ``fp16`` / ``pipeline_dtype``.
     ``overrides`` are applied last (parallel sizes, recompute, dropout, ...); overriding a key that defines the
     architecture is refused.
     """
@@ -134,10 +134,11 @@ def qwen3_5_transformer_config_kwargs(hf_config, dtype: Any = None, **overrides)
             moe_grouped_gemm=False,
             moe_permute_fusion=False,
         )
-    if dtype is not None:
-        import torch
+    import torch
 
-        kw.update(params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
+    if dtype is None:  # megatron-core needs a pipeline dtype as soon as pipeline parallelism is on
+        dtype = torch.float32
+    kw.update(params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
     bad = sorted(k for k in overrides if k in _ARCHITECTURE_KEYS and overrides[k] != kw.get(k))
     if bad:
         raise ValueError(

@@ -8,7 +8,8 @@ checkpoint's architecture string), hold what the Megatron engine needs per model
   share_embeddings_and_output_weights, value, vp_stage) -> torch.nn.Module`` (imports megatron-core);
 * ``MODEL_FORWARD_REGISTRY``: ``fn(model, input_ids, position_ids, packed_seq_params=None, ...)``;
 * ``MODEL_WEIGHT_CONVERTER_REGISTRY``: a module-like object with ``mcore_state_for_rank`` / ``mcore_to_hf`` /
-  ``to_hf_stream`` / ``global_mcore_name`` / ``gather_tp`` / ``partition_dim`` (see :mod:`verl.models.mcore.weight_converter`).
+  ``to_hf_stream`` / ``global_mcore_name`` / ``gather_tp`` / ``partition_dim`` (see
+  :mod:`verl.models.mcore.weight_converter`).
 
 :func:`register_mcore_model` fills all four at once; entries may be dotted import paths, resolved on first
 use, so this module imports without megatron-core. See ``docs/advance/megatron_extension.md``.

@@ -153,7 +153,8 @@ def _layer_rules(dims: Qwen35Dims, linear: bool, moe: bool) -> dict[str, Rule]:
         sa = "self_attn."
         qkv = ("q_proj", "k_proj", "v_proj")
         rules.update({
-            "self_attention.linear_qkv.weight": Rule("fused", tuple(sa + p + ".weight" for p in qkv), ((qg,), (kv,), (kv,))),
+            "self_attention.linear_qkv.weight": Rule("fused", tuple(sa + p + ".weight" for p in qkv),
+                                                     ((qg,), (kv,), (kv,))),
             "self_attention.q_layernorm.weight": Rule("rep", (sa + "q_norm.weight",)),
             "self_attention.k_layernorm.weight": Rule("rep", (sa + "k_norm.weight",)),
             "self_attention.linear_proj.weight": Rule("row", (sa + "o_proj.weight",)),
@@ -296,7 +297,8 @@ def _rule_by_suffix(name: str, dims: Qwen35Dims) -> Rule:
     if em is not None:
         rule = _expert_rules(0).get(em.group(2))
     else:
-        rule = {**_layer_rules(dims, True, dims.num_experts > 0), **_layer_rules(dims, False, dims.num_experts > 0)}.get(rest)
+        moe = dims.num_experts > 0
+        rule = {**_layer_rules(dims, True, moe), **_layer_rules(dims, False, moe)}.get(rest)
     if rule is None:
         raise KeyError(f"{name!r} is not a Qwen3.5 megatron-core parameter")
     return rule
@@ -516,7 +518,8 @@ class ExpertFuser:
 
 
 def to_hf_stream(named_tensors: Iterable[tuple[str, torch.Tensor]], hf_config, tp_size: int = 1,
-                 etp_size: Optional[int] = None, expert_format: str = "per_expert") -> Iterator[tuple[str, torch.Tensor]]:
+                 etp_size: Optional[int] = None,
+                 expert_format: str = "per_expert") -> Iterator[tuple[str, torch.Tensor]]:
     """Stream of (global mcore name, gathered tensor) -> stream of HF (name, tensor).
 
     ``expert_format``: ``per_expert`` (checkpoint names) or ``fused`` (HF module tensors, buffered per layer
@@ -560,52 +563,5 @@ def mcore_shards_to_hf(shards: Mapping[tuple, Mapping[str, torch.Tensor]], hf_co
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Loading
-# ----------------------------------------------------------------------------------------------------------
-
-
-def safetensors_getter(path: str) -> Callable[[str], torch.Tensor]:
-    """Getter over a checkpoint directory's ``*.safetensors`` files that reads one tensor at a time."""
-    import glob
-    import os
-
-    from safetensors import safe_open
-
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path}")
-    where: dict[str, str] = {}
-    for f in files:
-        with safe_open(f, framework="pt") as handle:
-            for key in handle.keys():
-                where[key] = f
-    lookup = {k: None for k in where}
-
-    def raw(name: str) -> torch.Tensor:
-        with safe_open(where[name], framework="pt") as handle:
-            return handle.get_tensor(name)
-
-    class _Lazy(dict):  # a Mapping whose values load on access, so hf_getter's fused-expert fallback works
-        def __getitem__(self, key):
-            return raw(key)
-
-    return hf_getter(_Lazy(lookup))
-
-
-@torch.no_grad()
-def load_mcore_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor], keep_init: tuple = ()) -> None:
-    """Copy a chunk-local state dict into a model chunk; every parameter must be covered exactly once, except
-    those under a ``keep_init`` prefix (e.g. a critic's fresh value head), which may be absent."""
-    params = {strip_wrapper_prefix(n): p for n, p in module.named_parameters()}
-    missing = sorted(n for n in set(params) - set(state) if not n.startswith(tuple(keep_init)))
-    extra = sorted(set(state) - set(params))
-    if missing or extra:
-        raise KeyError(f"mcore state does not match the model: missing {missing[:8]}, unexpected {extra[:8]}")
-    for name, p in params.items():
-        if name not in state:
-            continue
-        src = state[name]
-        if tuple(src.shape) != tuple(p.shape):
-            raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != parameter shape {tuple(p.shape)}")
-        p.copy_(src.to(device=p.device, dtype=p.dtype))
+# Loading helpers live in their own module; re-exported so the registry's converter object carries them.
+from verl.models.mcore.weight_loading import load_mcore_state, safetensors_getter  # noqa: E402

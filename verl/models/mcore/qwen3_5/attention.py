@@ -18,7 +18,14 @@ import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
-from verl.models.mcore.qwen3_5.common import ZeroCenteredRMSNorm, apply_partial_rope, packed_cu_seqlens, tp_group_of
+from verl.models.mcore.qwen3_5.common import (
+    ZeroCenteredRMSNorm,
+    apply_partial_rope,
+    maybe_checkpoint,
+    packed_cu_seqlens,
+    recomputes,
+    tp_group_of,
+)
 
 logger = logging.getLogger(__name__)
 _warned = False
@@ -69,6 +76,7 @@ class Qwen35GatedAttention(MegatronModule):
         self.k_layernorm = ZeroCenteredRMSNorm(c, self.d, c.layernorm_epsilon)
         for norm in (self.q_layernorm, self.k_layernorm):
             norm.weight.sequence_parallel = False
+        self.recompute_core = recomputes(c, "core_attn")
         self.linear_proj = row(
             c.num_attention_heads * self.d, c.hidden_size, config=c, init_method=c.output_layer_init_method,
             bias=False, input_is_parallel=True, skip_bias_add=True, tp_group=self.tp_group,
@@ -77,7 +85,7 @@ class Qwen35GatedAttention(MegatronModule):
     def forward(self, hidden_states, attention_mask=None, inference_context=None, rotary_pos_emb=None,
                 rotary_pos_cos=None, rotary_pos_sin=None, rotary_pos_cos_sin=None, attention_bias=None,
                 packed_seq_params=None, sequence_len_offset=None, **kwargs):
-        """``rotary_pos_emb``: (cos, sin), each [S, B, 1, rotary_dim], from the model's position ids."""
+        """``rotary_pos_emb``: cos and sin stacked, [2, S, B, 1, rotary_dim], from the model's position ids."""
         if inference_context is not None:
             raise NotImplementedError("the local Qwen3.5 spec is for training; decode with the rollout engine")
         qkv, _ = self.linear_qkv(hidden_states)  # [S, B, local]
@@ -91,21 +99,25 @@ class Qwen35GatedAttention(MegatronModule):
         if rotary_pos_emb is not None:
             cos, sin = rotary_pos_emb
             q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
-        scale = self.d ** -0.5
         cu = packed_cu_seqlens(packed_seq_params)
-        if cu is not None:
-            if b_ != 1:
-                raise ValueError(f"packed (THD) input must be one row, got batch {b_}")
-            out = packed_causal_attention(q[:, 0], k[:, 0], v[:, 0], cu, scale).unsqueeze(1)
-        else:
-            qb, kb, vb = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [B, H, S, D]
-            mask = None
-            if attention_mask is not None:  # megatron convention: True = masked out
-                causal = torch.ones(s_, s_, dtype=torch.bool, device=q.device).tril()
-                mask = causal & ~attention_mask.bool()
-            out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                                 enable_gqa=self.n_kv != self.n_q)
-            out = out.permute(2, 0, 1, 3)  # [S, B, H, D]
+        if cu is not None and b_ != 1:
+            raise ValueError(f"packed (THD) input must be one row, got batch {b_}")
+        out = maybe_checkpoint(self.recompute_core, self._core, q, k, v, cu, attention_mask)
         out = out * torch.sigmoid(gate)
         out, bias = self.linear_proj(out.reshape(s_, b_, -1))
         return out, bias
+
+    def _core(self, q, k, v, cu, attention_mask):
+        """q [S, B, Hq, D], k/v [S, B, Hkv, D] -> [S, B, Hq, D] causal attention (per sequence when packed)."""
+        s_ = q.shape[0]
+        scale = self.d ** -0.5
+        if cu is not None:
+            return packed_causal_attention(q[:, 0], k[:, 0], v[:, 0], cu, scale).unsqueeze(1)
+        qb, kb, vb = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [B, H, S, D]
+        mask = None
+        if attention_mask is not None:  # megatron convention: True = masked out
+            causal = torch.ones(s_, s_, dtype=torch.bool, device=q.device).tril()
+            mask = causal & ~attention_mask.bool()
+        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                             enable_gqa=self.n_kv != self.n_q)
+        return out.permute(2, 0, 1, 3)  # [S, B, H, D]

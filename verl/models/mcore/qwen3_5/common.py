@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from megatron.core import parallel_state
 from megatron.core.transformer.module import MegatronModule
 
@@ -58,6 +59,19 @@ def tp_group_of(module: MegatronModule, pg_collection=None):
     if pg_collection is not None and getattr(pg_collection, "tp", None) is not None:
         return pg_collection.tp
     return parallel_state.get_tensor_model_parallel_group()
+
+
+def recomputes(config, module_name: str) -> bool:
+    """Whether selective activation recompute covers ``module_name`` ("core_attn", "gdn_norm_out")."""
+    return getattr(config, "recompute_granularity", None) == "selective" and module_name in (
+        getattr(config, "recompute_modules", None) or ())
+
+
+def maybe_checkpoint(enabled: bool, fn, *args):
+    """Run ``fn`` under non-reentrant activation checkpointing when ``enabled`` (no RNG inside: deterministic)."""
+    if enabled and torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,14 @@ import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
-from verl.models.mcore.qwen3_5.common import gated_rms_norm, packed_cu_seqlens, tp_group_of, tp_shared_weight
+from verl.models.mcore.qwen3_5.common import (
+    gated_rms_norm,
+    maybe_checkpoint,
+    packed_cu_seqlens,
+    recomputes,
+    tp_group_of,
+    tp_shared_weight,
+)
 from verl.models.transformers.gated_deltanet import causal_conv1d, gated_delta_rule
 
 
@@ -58,6 +65,9 @@ class Qwen35GatedDeltaNet(MegatronModule):
             c.linear_num_value_heads * self.d_v, c.hidden_size, config=c, init_method=c.output_layer_init_method,
             bias=False, input_is_parallel=True, skip_bias_add=True, tp_group=self.tp_group,
         )
+        # selective recompute: "core_attn" recomputes conv + delta rule + output norm, "gdn_norm_out" the norm
+        self.recompute_core = recomputes(c, "core_attn")
+        self.recompute_norm = recomputes(c, "gdn_norm_out") and not self.recompute_core
         self.reset_gdn_parameters()
 
     @torch.no_grad()
@@ -93,10 +103,19 @@ class Qwen35GatedDeltaNet(MegatronModule):
         proj, _ = self.in_proj(hidden_states)  # [S, B, local] (sequence-gathered under SP)
         proj = proj.transpose(0, 1)  # [B, S, local]
         b_, s_ = proj.shape[:2]
-        q, k, v, z, beta, a = torch.split(proj, self.sections, dim=-1)
         cu = packed_cu_seqlens(packed_seq_params)
         if cu is not None and b_ != 1:
             raise ValueError(f"packed (THD) input must be one row, got batch {b_}")
+        max_len = getattr(packed_seq_params, "max_seqlen_q", None) if packed_seq_params is not None else None
+        core = maybe_checkpoint(self.recompute_core, self._mix, proj, cu, max_len)
+        core = core.reshape(b_, s_, -1).transpose(0, 1).contiguous()  # [S, B, local]
+        out, bias = self.out_proj(core)
+        return out, bias
+
+    def _mix(self, proj, cu, max_len):
+        """[B, S, local] projections -> [B, S, n_v, d_v] normed, gated delta-rule output of this rank's heads."""
+        b_, s_ = proj.shape[:2]
+        q, k, v, z, beta, a = torch.split(proj, self.sections, dim=-1)
         mixed = causal_conv1d(torch.cat([q, k, v], dim=-1), self.conv1d.weight[:, 0], None, cu, "silu")
         q, k, v = torch.split(mixed, self.sections[:3], dim=-1)
         q = q.reshape(b_, s_, self.n_k, self.d_k)
@@ -108,10 +127,7 @@ class Qwen35GatedDeltaNet(MegatronModule):
         beta = beta.sigmoid()
         # log-decay in fp32: exp(A_log) overflows half precision
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        max_len = getattr(packed_seq_params, "max_seqlen_q", None) if packed_seq_params is not None else None
         core = gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, max_seqlen=max_len, use_qk_l2norm=True)
         weight = tp_shared_weight(self.norm.weight, self.tp_group)
-        core = gated_rms_norm(core, z.reshape(b_, s_, self.n_v, self.d_v), weight, self.eps)
-        core = core.reshape(b_, s_, -1).transpose(0, 1).contiguous()  # [S, B, local]
-        out, bias = self.out_proj(core)
-        return out, bias
+        z = z.reshape(b_, s_, self.n_v, self.d_v)
+        return maybe_checkpoint(self.recompute_norm, gated_rms_norm, core, z, weight, self.eps)
