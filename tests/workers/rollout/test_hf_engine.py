@@ -238,3 +238,22 @@ def test_fsdp2_module_gathers_once_and_reshards(gloo_group):
     assert all(isinstance(p, DTensor) for p in sharded.parameters())  # resharded after the rollout
     with torch.no_grad():  # and the training forward still runs through FSDP's hooks
         sharded(input_ids=torch.tensor([ps[0]]), use_cache=False)
+
+
+def test_lora_adapter_is_applied():
+    """A PEFT-wrapped actor decodes through its LoRA layers (same tokens as the merged model)."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny("dense")
+    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                                 init_lora_weights=False))
+    ps = prompts([6, 9])
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    outs = rollout(peft_model).generate([GenerationRequest(p) for p in ps], params)
+    merged = copy.deepcopy(peft_model).merge_and_unload()
+    for p, o in zip(ps, outs):
+        assert o[0].token_ids == hf_greedy(merged, p, 8)
+    plain = rollout(model).generate([GenerationRequest(p) for p in ps], params)
+    assert [o[0].token_ids for o in outs] != [o[0].token_ids for o in plain]  # the adapter changed the output

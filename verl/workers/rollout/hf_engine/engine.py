@@ -52,6 +52,7 @@ class EngineOptions:
     continuous: bool = True
     admit_fraction: float = 0.125  # refill once this fraction of the slots (or all that wait) is free
     state_dtype: torch.dtype = torch.float32
+    gpu_memory_utilization: Optional[float] = None  # cap on (memory in use + slot cache) / device memory
     stats: dict = field(default_factory=dict)
 
 
@@ -132,6 +133,7 @@ class DecodeEngine:
         capacity = max(1, min(opt.max_num_seqs, len(seqs)))
         max_len = max(len(s.prompt.ids) for s in seqs) + max(s.max_new for s in seqs)
         max_new = max(s.max_new for s in seqs)
+        capacity = self._fit_memory(capacity, max_len)
         self.cache = SlotCache(runner.shape, capacity, max_len, max_new, runner.device, runner.dtype,
                                opt.state_dtype)
         try:
@@ -154,6 +156,22 @@ class DecodeEngine:
         finally:
             self.graphs.clear()
             self.cache = None
+
+    def _fit_memory(self, capacity: int, max_len: int) -> int:
+        """Fewer slots when their cache would push the device past ``gpu_memory_utilization``."""
+        util, dev = self.opt.gpu_memory_utilization, self.runner.device
+        if not util or dev.type != "cuda":
+            return capacity
+        total = torch.cuda.get_device_properties(dev).total_memory
+        room = total * util - torch.cuda.memory_allocated(dev)
+        per_slot = self.runner.shape.bytes_per_slot(max_len, self.runner.dtype, self.opt.state_dtype)
+        # a quarter of the room stays free for activations, logits and the graphs' memory pool
+        fit = max(1, int(0.75 * room // per_slot))
+        if fit < capacity:
+            logger.warning(f"hf rollout: {capacity} slots of {per_slot / 2**20:.0f} MiB would exceed "
+                           f"gpu_memory_utilization={util}; using {fit}")
+            return fit
+        return capacity
 
     def _loop(self, seqs: list[SeqRequest], capacity: int) -> list[SeqResult]:
         results: list[Optional[SeqResult]] = [None] * len(seqs)

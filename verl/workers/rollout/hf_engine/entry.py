@@ -1,7 +1,8 @@
 """The ``hf`` rollout's Qwen3.5 path: engine requests -> decode-loop sequences -> engine outputs.
 
 Settings come from the rollout config with their upstream meaning: ``max_num_seqs`` (slots), ``max_num_batched_tokens``
-(prompt tokens per prefill forward), ``enforce_eager`` (no CUDA graphs), ``cudagraph_capture_sizes``;
+(prompt tokens per prefill forward), ``enforce_eager`` (no CUDA graphs), ``cudagraph_capture_sizes``,
+``gpu_memory_utilization`` (caps the slots so that memory in use plus the slot cache stays under it);
 ``micro_batch_size`` (the hf engine's own key) also caps the slots. ``engine_kwargs.hf`` takes the knobs of
 this engine alone (:data:`HF_ENGINE_KWARGS`).
 """
@@ -54,6 +55,7 @@ def engine_options(config) -> tuple[EngineOptions, str]:
         sync_every=int(kw.get("sync_every", 4)),
         continuous=bool(kw.get("continuous", True)),
         state_dtype=getattr(torch, state_dtype),
+        gpu_memory_utilization=float(config.get("gpu_memory_utilization") or 0) or None,
     )
     return opt, backend
 

@@ -109,10 +109,11 @@ class Qwen35Runner:
     """Generation forwards over a (possibly FSDP2-unsharded) Qwen3.5 causal LM or VL model."""
 
     def __init__(self, module: torch.nn.Module, recurrent_backend: str = "auto"):
-        if hasattr(module, "get_base_model"):  # PEFT: its LoRA layers sit inside the base model's modules
+        self.module = module
+        # A PEFT model wraps the HF model; its LoRA layers sit inside it, so calling the submodules applies them.
+        if hasattr(module, "get_base_model"):
             module = module.get_base_model()
         inner = module.model
-        self.module = module
         self.vl = inner if hasattr(inner, "language_model") else None
         self.text = inner.language_model if self.vl is not None else inner
         self.lm_head = module.lm_head
