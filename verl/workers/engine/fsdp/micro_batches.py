@@ -34,7 +34,13 @@ def split_micro_batches(data: DataProto, micro_batch_size: Optional[int], use_dy
                              "log_prob_max_token_len_per_gpu)")
         from verl.utils.seqlen_balancing import rearrange_micro_batches
 
-        micro_tds, groups = rearrange_micro_batches(batch, max_token_len=int(max_token_len) * sp_size)
+        # Every rank must run the same number of micro-batches: FSDP2 gathers parameters in each forward, so a
+        # rank with one micro-batch fewer would leave the others waiting in a collective for ever.
+        import torch.distributed as dist
+
+        group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
+        micro_tds, groups = rearrange_micro_batches(batch, max_token_len=int(max_token_len) * sp_size,
+                                                    dp_group=group)
         order = [i for g in groups for i in g]
     else:
         size = int(micro_batch_size or n)
