@@ -10,6 +10,8 @@ arguments at all), the embedded demo runs (``sft_demo.yaml``) with any other ove
 
 from __future__ import annotations
 
+import warnings
+
 import logging
 import os
 import sys
@@ -70,7 +72,11 @@ def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
     from verl.utils.dataset.multiturn_sft_dataset import PAD_MODES, TRUNCATION_MODES
     from verl.workers.engine import EngineRegistry
 
-    problems: list[str] = []
+    from verl.trainer.config.key_status import check_key_status
+
+    problems, notes = check_key_status(cfg)  # upstream keys not implemented here must keep their defaults
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
     EngineRegistry.check(strategy, problems)
     d, t = cfg.data, cfg.trainer
     for key in ("train_batch_size", "micro_batch_size_per_gpu", "max_token_len_per_gpu", "max_length"):
