@@ -67,7 +67,7 @@ RULES = [
     ("algorithm.adv_estimator", {"algorithm.adv_estimator": "grpoo"}),
     (R + ".name", {R + ".name": "trtllm"}),
     (R + ".mode", {R + ".mode": "sync"}),
-    (R + ".multi_turn.format", {R + ".multi_turn.format": "xml"}),
+    (R + ".multi_turn.format", {R + ".multi_turn.format": "xml", R + ".multi_turn.enable": True}),
     (R + ".multi_turn.tool_response_truncate_side",
      {R + ".multi_turn.tool_response_truncate_side": "both"}),
     (A + ".clip_ratio_low", {A + ".clip_ratio_low": 0}),

@@ -421,12 +421,13 @@ def _check_rollout(c: _Checker, world: Optional[int]) -> None:
     c.micro_batch_pair(r, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz")
 
     mt = f"{r}.multi_turn"
-    c.registered(f"{mt}.format", "tool_parser")
+    if c.flag(f"{mt}.enable"):  # the parser and agent-loop registries load the agent loop: only when it runs
+        c.registered(f"{mt}.format", "tool_parser")
+        c.registered(f"{r}.agent.default_agent_loop", "agent_loop")
     c.choice(f"{mt}.tool_response_truncate_side", ("left", "right", "middle"))
     c.choice(f"{mt}.tokenization_sanity_check_mode", ("strict", "ignore_strippable", "disable"))
     c.integer(f"{mt}.max_parallel_calls", minimum=1)
     c.integer(f"{r}.agent.num_workers", minimum=1)
-    c.registered(f"{r}.agent.default_agent_loop", "agent_loop")
     if n == 1 and c.get("algorithm.adv_estimator") in GROUP_ESTIMATORS:
         c.warn(f"algorithm.adv_estimator={c.get('algorithm.adv_estimator')} compares samples of the same prompt, "
                "but actor_rollout_ref.rollout.n=1: every advantage will be zero. Set rollout.n > 1.")
