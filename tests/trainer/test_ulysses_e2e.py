@@ -27,4 +27,4 @@ def test_ray_sp2_matches_single_process(tmp_path):
     assert sorted(a) == sorted(b) == [1, 2]
     for step in (1, 2):
         for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm"):
-            assert b[step][key] == pytest.approx(a[step][key], rel=1e-4, abs=1e-6), (step, key)
+            assert b[step][key] == pytest.approx(a[step][key], rel=5e-4, abs=1e-6), (step, key)

@@ -99,10 +99,12 @@ def test_legacy_homes_are_aliases_with_one_warning_each(capsys):
 def test_legacy_reward_kwargs_move_to_reward_kwargs(capsys):
     # DAPO's overlong buffer through the legacy home lands in reward.reward_kwargs (the manager's constructor
     # arguments).
-    code, cfg, err = dry_run(capsys, "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+    code, cfg, err = dry_run(capsys, "reward_model.reward_manager=dapo",
+                             "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                             "+reward_model.reward_kwargs.overlong_buffer_cfg.len=64",
                              "+reward_model.reward_kwargs.max_resp_len=256")
     assert code == 0, err
-    assert cfg["reward"]["reward_kwargs"] == {"overlong_buffer_cfg": {"enable": True}, "max_resp_len": 256}
+    assert cfg["reward"]["reward_kwargs"] == {"overlong_buffer_cfg": {"enable": True, "len": 64}, "max_resp_len": 256}
     assert err.count("`reward_model.reward_kwargs` is deprecated; use `reward.reward_kwargs`") == 1
 
 
@@ -196,9 +198,10 @@ def test_other_profilers_refused(capsys, tool):
 
 
 def test_multi_turn_formats(capsys):
-    code, _, err = dry_run(capsys, "actor_rollout_ref.rollout.multi_turn.format=qwen3_xml")
+    on = "actor_rollout_ref.rollout.multi_turn.enable=true"  # the format is read (and checked) with multi-turn on
+    code, _, err = dry_run(capsys, on, "actor_rollout_ref.rollout.multi_turn.format=qwen3_xml")
     assert code == 0, err  # vLLM's name for the qwen3_coder XML syntax
-    code, _, err = dry_run(capsys, "actor_rollout_ref.rollout.multi_turn.format=gpt-oss")
+    code, _, err = dry_run(capsys, on, "actor_rollout_ref.rollout.multi_turn.format=gpt-oss")
     assert code == 2 and "gpt-oss" in err and "hermes" in err and "qwen3_coder" in err
 
 

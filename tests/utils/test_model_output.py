@@ -17,13 +17,15 @@ def test_get_logits_shapes_of_output():
 
 
 def test_actor_accepts_tuple_outputs():
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.utils import torch_functional as verl_F
+    from verl.workers.engine.fsdp.engine import FSDPEngine
 
-    actor = DataParallelPPOActor.__new__(DataParallelPPOActor)  # only the output-reading helper is exercised
-    actor.use_fused_kernels = False
+    engine = FSDPEngine.__new__(FSDPEngine)  # only the output-reading helper is exercised
+    engine.use_fused_kernels = False
+    engine._entropy_fn = verl_F.entropy_from_logits
     logits = torch.randn(1, 4, 7)
     labels = torch.randint(0, 7, (1, 4))
-    lp_tuple, ent_tuple = actor._token_stats((logits,), labels, 1.0, True)
-    lp_obj, ent_obj = actor._token_stats(CausalLMOutputWithPast(logits=logits), labels, 1.0, True)
-    torch.testing.assert_close(lp_tuple, lp_obj)
-    torch.testing.assert_close(ent_tuple, ent_obj)
+    from_tuple = engine._token_stats((logits,), labels, 1.0, True)
+    from_obj = engine._token_stats(CausalLMOutputWithPast(logits=logits), labels, 1.0, True)
+    torch.testing.assert_close(from_tuple["log_probs"], from_obj["log_probs"])
+    torch.testing.assert_close(from_tuple["entropy"], from_obj["entropy"])

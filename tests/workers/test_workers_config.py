@@ -50,10 +50,11 @@ def test_unknown_policy_loss_key_is_refused():
         actor_config_from_omegaconf({"strategy": "fsdp", "policy_loss": {"loss_mode": "vanilla", "foo": 1}})
 
 
-def test_the_actor_hands_custom_policy_losses_an_actor_config():
+def test_the_actor_hands_custom_policy_losses_an_actor_config(tmp_path):
     from verl.models.tiny import build_tiny_qwen3_5
     from verl.protocol import DataProto
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.ppo_actor import PPOActor
+    from tests.engine_utils import arr_config, make_engine, sgd, single_rank_gloo
     from tests.workers.actor.test_dp_parity import make_batch
 
     seen = []
@@ -64,15 +65,17 @@ def test_the_actor_hands_custom_policy_losses_an_actor_config():
         seen.append(config)
         return -(log_prob * advantages * response_mask).sum() / response_mask.sum(), {}
 
+    build_tiny_qwen3_5(str(tmp_path), kind="dense", seed=0)
     try:
-        cfg = compose_config("ppo_trainer", ["actor_rollout_ref.rollout.name=hf"], validate=False).actor_rollout_ref.actor
+        cfg = arr_config(str(tmp_path))
         with open_dict(cfg):
-            cfg.ppo_mini_batch_size = 8
-            cfg.ppo_micro_batch_size_per_gpu = 4
-            cfg.policy_loss.loss_mode = "test_records_config"
-        model = build_tiny_qwen3_5(None, kind="dense", seed=0, with_tokenizer=False)
-        actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=0.1), use_remove_padding=False)
-        actor.update_policy(DataProto.from_dict(tensors=make_batch(), meta_info={"temperature": 1.0}))
+            cfg.actor.ppo_mini_batch_size = 8
+            cfg.actor.ppo_micro_batch_size_per_gpu = 4
+            cfg.actor.policy_loss.loss_mode = "test_records_config"
+        with single_rank_gloo():
+            engine = make_engine(sgd(cfg.actor, lr=0.1), cfg.model, "actor")
+            PPOActor(cfg.actor, engine).update_policy(
+                DataProto.from_dict(tensors=make_batch(), meta_info={"temperature": 1.0}))
     finally:
         core_algos.POLICY_LOSS_REGISTRY.pop("test_records_config", None)
     assert seen and all(isinstance(c, ActorConfig) for c in seen)
