@@ -72,6 +72,8 @@ def test_validation_accepts_what_is_registered(key, compose_fn, valid_overrides)
     registry = ALL[key]
     name = "user_ext_" + key.rsplit(".", 1)[-1]
     overrides = valid_overrides + [f"{key}={name}", "actor_rollout_ref.actor.use_kl_loss=true"]
+    if ".multi_turn." in key or ".agent." in key:  # read (and checked) only with multi-turn on
+        overrides.append("actor_rollout_ref.rollout.multi_turn.enable=true")
     with pytest.raises(ConfigValidationError, match=f"`{key}` is '{name}', not a registered {registry.kind}"):
         validate_config(compose_fn(overrides=overrides))
     registry.register(name, object())
