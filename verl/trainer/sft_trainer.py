@@ -216,7 +216,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            dist.destroy_process_group()
+            # Every rank leaves together: a rank that tears its gloo group down while another is still in a
+            # collective makes that one abort at exit ("terminate called without an active exception").
+            try:
+                dist.barrier()
+            finally:
+                dist.destroy_process_group()
     return 0
 
 
