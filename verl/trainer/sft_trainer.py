@@ -210,18 +210,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ConfigKeyError, ConfigValidationError) as e:
         print(f"Config error:\n{e}", file=sys.stderr)
         return 2
+    import torch.distributed as dist
+
     try:
         run_sft(cfg, strategy)
-    finally:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             # Every rank leaves together: a rank that tears its gloo group down while another is still in a
             # collective makes that one abort at exit ("terminate called without an active exception").
-            try:
-                dist.barrier()
-            finally:
-                dist.destroy_process_group()
+            dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 
