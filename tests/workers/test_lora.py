@@ -2,7 +2,6 @@
 
 import json
 import os
-import tempfile
 
 import pytest
 import torch
@@ -12,15 +11,10 @@ from omegaconf import OmegaConf
 
 @pytest.fixture(scope="module")
 def gloo():
-    if dist.is_initialized():
+    from tests.engine_utils import single_rank_gloo
+
+    with single_rank_gloo():
         yield
-        return
-    fd, path = tempfile.mkstemp(prefix="verl_lora_pg_")
-    os.close(fd)
-    os.remove(path)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -204,20 +204,10 @@ def test_unknown_engine_kwargs_are_refused():
 
 @pytest.fixture
 def gloo_group():
-    import os
-    import tempfile
+    from tests.engine_utils import single_rank_gloo
 
-    import torch.distributed as dist
-
-    if dist.is_initialized():
+    with single_rank_gloo():
         yield
-        return
-    fd, path = tempfile.mkstemp(prefix="verl_hf_engine_pg_")
-    os.close(fd)
-    os.remove(path)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_fsdp2_module_gathers_once_and_reshards(gloo_group):
