@@ -26,6 +26,15 @@ def single_rank_gloo():
         dist.destroy_process_group()
 
 
+def leave_process_group():
+    """Every rank meets at a barrier, then tears its group down. Without the barrier a rank that finishes
+    first closes its gloo pairs while a peer is still receiving the tail of the last collective, and that
+    peer aborts at exit ("terminate called without an active exception", SIGABRT)."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def arr_config(model_dir: str, overrides=(), **actor_keys):
     """The composed ``actor_rollout_ref`` section for a tiny checkpoint (no gradient checkpointing), with
     ``actor_keys`` set on the actor section."""

@@ -1,5 +1,6 @@
 """Ulysses SP=2 (two gloo processes) equals SP=1 for log-probs and gradients, text and VL, plain and fused."""
 
+import datetime
 import os
 import tempfile
 
@@ -9,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from qwen35_test_utils import make_image_sample, packed_positions, patched_copy, random_ids
+from tests.engine_utils import leave_process_group
 from verl.models.tiny import build_tiny_qwen3_5
 from verl.utils import ulysses as uly
 
@@ -101,7 +103,10 @@ def _check(run):
 
 def _worker(rank, init_file, result_dir):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    # A bounded timeout: a rank whose check raised still meets its peer at the exit barrier, and a peer
+    # stuck in a collective the other rank never entered fails in minutes instead of hanging CI.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=300))
     status = "ok"
     try:
         for kind in ("dense", "moe"):
@@ -117,7 +122,7 @@ def _worker(rank, init_file, result_dir):
     finally:
         with open(os.path.join(result_dir, f"rank{rank}"), "w") as f:
             f.write(status)
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def test_ulysses_sp2_matches_sp1():

@@ -37,7 +37,7 @@ def _worker(rank, world, port, model_dir, loss_agg_mode, use_remove_padding, out
     import torch.distributed as dist
     from omegaconf import open_dict
 
-    from tests.engine_utils import arr_config, make_engine, sgd
+    from tests.engine_utils import arr_config, leave_process_group, make_engine, sgd
     from verl.protocol import DataProto
     from verl.workers.actor.ppo_actor import PPOActor
 
@@ -63,7 +63,7 @@ def _worker(rank, world, port, model_dir, loss_agg_mode, use_remove_padding, out
         out_q.put((metrics, delta))
     else:
         out_q.put((metrics, None))
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -105,7 +105,7 @@ def _worker(rank, world, sp, port, model_dir, loss_agg_mode, out_q):
     import torch.distributed as dist
     from omegaconf import open_dict
 
-    from tests.engine_utils import arr_config, make_engine, sgd
+    from tests.engine_utils import arr_config, leave_process_group, make_engine, sgd
     from verl.utils import ulysses
     from verl.workers.actor.ppo_actor import PPOActor
 
@@ -136,7 +136,7 @@ def _worker(rank, world, sp, port, model_dir, loss_agg_mode, out_q):
     delta = {k: (before[k] - after[k]).numpy() for k in before}  # = lr * grad with SGD; numpy: no fd sharing
     out_q.put((rank, metrics, log_probs.numpy(), delta if rank == 0 else None))
     assert ulysses.get_ulysses_sequence_parallel_group() is None  # set only around the engine's forwards
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 _MODEL_DIR = {}

@@ -53,6 +53,7 @@ def _worker(rank, world, sp, dynamic, port, model_dir, out_q):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     import torch.distributed as dist
 
+    from tests.engine_utils import leave_process_group
     from verl.protocol import DataProto
     from verl.workers.critic.ppo_critic import PPOCritic
     from verl.workers.engine_workers import build_engine
@@ -71,7 +72,7 @@ def _worker(rank, world, sp, dynamic, port, model_dir, out_q):
     after = {k: v.full_tensor().clone() for k, v in engine.module.state_dict().items()}
     delta = {k: (before[k] - after[k]).numpy() for k in before}
     out_q.put((rank, metrics, values.numpy(), delta if rank == 0 else None))
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def _run(world, sp, dynamic, model_dir):
