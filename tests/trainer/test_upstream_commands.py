@@ -75,6 +75,38 @@ def test_plus_on_a_set_key_is_still_an_error(capsys):
     assert code == 2 and "already exists" in err
 
 
+def test_plus_with_a_list_or_dict_merges_as_in_hydra(capsys):
+    # Hydra applies `+key=<list or dict>` on a key that holds a value (merged, force_add).
+    code, cfg, err = dry_run(capsys, "+trainer.logger=[console]", "+ray_kwargs.ray_init={num_cpus: 8}")
+    assert code == 0, err
+    assert cfg["trainer"]["logger"] == ["console"]
+    assert cfg["ray_kwargs"]["ray_init"]["num_cpus"] == 8 and "runtime_env" in cfg["ray_kwargs"]["ray_init"]
+
+
+# --------------------------------------------------------------------------- item 7: Megatron keys
+
+OTC = "actor_rollout_ref.actor.megatron.override_transformer_config"
+
+
+def test_megatron_recompute_command(capsys):
+    """An upstream Megatron script's recompute / offload overrides compose and validate. megatron-core is not
+    needed: the Megatron rules (verl.workers.engine.megatron.validation) read the config only."""
+    code, cfg, err = dry_run(capsys, "--config-name=ppo_megatron_trainer",
+                             "actor_rollout_ref.actor.megatron.grad_offload=True",
+                             f"+{OTC}.recompute_method=uniform",
+                             f"+{OTC}.recompute_granularity=full",
+                             f"+{OTC}.recompute_num_layers=1",
+                             f"+{OTC}.recompute_modules=['core_attn','mlp']",
+                             "actor_rollout_ref.actor.megatron.use_dist_checkpointing=False")
+    assert code == 0, err
+    actor = cfg["actor_rollout_ref"]["actor"]
+    assert actor["strategy"] == "megatron" and actor["megatron"]["grad_offload"] is True
+    assert actor["megatron"]["use_dist_checkpointing"] is False
+    assert actor["megatron"]["override_transformer_config"] == {
+        "attention_backend": "flash", "recompute_granularity": "full", "recompute_modules": ["core_attn", "mlp"],
+        "recompute_method": "uniform", "recompute_num_layers": 1}
+
+
 # --------------------------------------------------------------------------- item 2: legacy homes
 
 

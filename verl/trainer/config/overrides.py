@@ -287,6 +287,30 @@ def split_overrides(overrides: Sequence[str], config_dir: Optional[Path] = None)
     return groups, values
 
 
+def _override_value(ov) -> Any:
+    try:
+        return ov.value()
+    except Exception:  # noqa: BLE001 - sweeps and other values Hydra's compose refuses itself
+        return _ABSENT
+
+
+def _hydra_accepts_append(cfg: Any, tree: Any, parts: Sequence[str], ov, assigned: dict[str, Any]) -> bool:
+    """Hydra 1.3's rule for ``+key=value`` on a key that already exists (``_apply_overrides_to_config``): it
+    is applied (merged, with ``force_add``) when the current value is null (``???`` selects as null too) or
+    the new value is a list or dict; otherwise Hydra raises "Could not append to config"."""
+    if isinstance(_override_value(ov), (list, dict)):
+        return True
+    key = ".".join(parts)
+    if key in assigned:  # an earlier override in the same list set it: Hydra sees that value
+        return assigned[key] is None
+    if OmegaConf.is_config(cfg):
+        try:
+            return OmegaConf.select(cfg, key, throw_on_missing=False) is None
+        except Exception:  # noqa: BLE001 - an interpolation that does not resolve yet: judge the raw node
+            pass
+    return _lookup(tree, parts) is None
+
+
 # --------------------------------------------------------------------------- main entry
 
 
@@ -297,9 +321,10 @@ def check_overrides(
 ) -> None:
     """Raise :class:`ConfigKeyError` if any override names a key ``cfg_without_overrides`` lacks.
 
-    Understands ``key=value``, ``+key=value`` (only below free-form nodes such as
-    ``override_config`` or ``engine_kwargs.vllm``), ``++key=value`` (set, or add below a
-    free-form node), ``~key`` (delete an existing key) and list / dict values. Config-group
+    Understands ``key=value``, ``+key=value`` (a new key only below free-form nodes such as
+    ``override_config`` or ``engine_kwargs.vllm``; on an existing key exactly Hydra's rule, see
+    :func:`_hydra_accepts_append`), ``++key=value`` (set, or add below a free-form node),
+    ``~key`` (delete an existing key) and list / dict values. Config-group
     choices (``model_engine=megatron``) and ``hydra.*`` keys are left to Hydra.
     """
     from hydra.core.override_parser.types import OverrideType
@@ -315,6 +340,7 @@ def check_overrides(
     tree = _as_tree(cfg_without_overrides)
     paths = config_key_paths(tree)
     added: set[str] = set()  # keys created by earlier `+` overrides in the same list
+    assigned: dict[str, Any] = {}  # key -> value an earlier override in the list left there (Hydra applies in order)
     problems: list[str] = []
 
     for text, ov in zip(overrides, parsed):
@@ -333,6 +359,7 @@ def check_overrides(
                 continue
         if ov.type == OverrideType.CHANGE:
             if exists:
+                assigned[key] = _override_value(ov)
                 continue
             if open_parent is not None:
                 problems.append(
@@ -341,18 +368,24 @@ def check_overrides(
             else:
                 problems.append(_unknown_key_message(key, tree, paths))
         elif ov.type == OverrideType.ADD:
-            if exists and _lookup(tree, parts) is None:
-                continue  # as in Hydra, `+key=value` sets a key that exists with a null value
+            if exists and _hydra_accepts_append(cfg_without_overrides, tree, parts, ov, assigned):
+                assigned[key] = _override_value(ov)
+                continue
             if exists:
-                problems.append(f"`{key}` already exists; set it with `{text.lstrip('+')}` (no leading `+`).")
+                problems.append(
+                    f"`{key}` already exists with a value, so Hydra refuses `+` on it (\"Could not append to config. "
+                    f"An item is already at '{key}'\"); set it with `{text.lstrip('+')}` (no leading `+`), or "
+                    f"`+{text}` to add or override it.")
             elif open_parent is not None:
                 added.add(key)
+                assigned[key] = _override_value(ov)
             else:
                 problems.append(
                     _unknown_key_message(key, tree, paths)
                     + " (`+` may only add keys below free-form nodes such as override_config or engine_kwargs.*)"
                 )
         elif ov.type == OverrideType.FORCE_ADD:
+            assigned[key] = _override_value(ov)
             if exists:
                 continue
             if open_parent is not None:
@@ -360,6 +393,7 @@ def check_overrides(
             else:
                 problems.append(_unknown_key_message(key, tree, paths))
         elif ov.type == OverrideType.DEL:
+            assigned[key] = None  # Hydra selects a deleted key as null, so a later `+key=value` adds it back
             if not exists:
                 problems.append(f"cannot delete `{key}`: " + _unknown_key_message(key, tree, paths))
         else:  # pragma: no cover - Hydra has no other override types today

@@ -1,0 +1,182 @@
+"""Validation rules outside the roles: the algorithm (advantage estimator, KL in the reward, GDPO), the reward
+manager, recipes (DAPO, rollout correction), settings another key owns (the MoE router switch), the profiler,
+upstream keys that are not implemented here, and features left out of this project."""
+
+from __future__ import annotations
+
+import inspect
+
+from .checker import UNSET, Checker, check_kl_name, live_registry
+
+__all__ = ["check_algorithm", "check_key_status", "check_megatron", "check_out_of_scope", "check_owned_settings",
+           "check_profiler", "check_recipes", "check_reward"]
+
+
+def check_algorithm(c: Checker) -> None:
+    g = "algorithm"
+    adv = c.registered(f"{g}.adv_estimator", "adv")
+    c.number(f"{g}.gamma", low=0, high=1)
+    c.number(f"{g}.lam", low=0, high=1)
+    if c.flag(f"{g}.use_kl_in_reward"):
+        check_kl_name(c, f"{g}.kl_penalty")
+        kind = c.choice(f"{g}.kl_ctrl.type", ("fixed", "adaptive"))
+        c.number(f"{g}.kl_ctrl.kl_coef", low=0)
+        if kind == "adaptive":
+            c.integer(f"{g}.kl_ctrl.horizon", minimum=1)
+            c.number(f"{g}.kl_ctrl.target_kl", low=0, low_open=True)
+        if c.flag("actor_rollout_ref.actor.use_kl_loss"):
+            c.warn("Both algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are on: "
+                   "the KL to the reference policy is penalised twice.")
+    keys, weights = c.get(f"{g}.gdpo_reward_keys"), c.get(f"{g}.gdpo_reward_weights")
+    if adv == "gdpo":
+        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+            c.fail(f"{g}.gdpo_reward_keys", f"is {keys!r} but adv_estimator=gdpo needs a non-empty list of the "
+                                            "reward keys to normalise separately, e.g. [accuracy,format].")
+        elif weights is not None and (not isinstance(weights, list) or len(weights) != len(keys)):
+            c.fail(f"{g}.gdpo_reward_weights", f"is {weights!r}; give one weight per gdpo_reward_keys entry "
+                                               f"({len(keys)}) or null for equal weights.")
+    elif adv is not None:
+        for key, value in (("gdpo_reward_keys", keys), ("gdpo_reward_weights", weights)):
+            if value not in (None, UNSET):
+                c.fail(f"{g}.{key}", f"is set but only algorithm.adv_estimator=gdpo reads it (got {adv}); "
+                                     "set it to null or switch the estimator.")
+    enable = c.get("critic.enable")
+    if adv == "gae" and enable is False:
+        c.fail("critic.enable", "is false but algorithm.adv_estimator=gae needs a value model; "
+                                "set critic.enable=null or pick a critic-free estimator such as grpo.")
+    elif adv is not None and adv != "gae" and enable is True:
+        c.warn(f"critic.enable=true trains a critic that algorithm.adv_estimator={adv} never uses.")
+
+
+
+
+def check_reward(c: Checker) -> None:
+    source = c.choice("reward.reward_manager.source", ("register", "importlib"))
+    manager = c.registered("reward.reward_manager.name", "reward_manager") if source == "register" else None
+    kwargs = c.get("reward.reward_kwargs")
+    if manager is not None and isinstance(kwargs, dict) and kwargs:
+        init = live_registry("reward_manager").get_or_raise(manager).__init__
+        params = inspect.signature(init).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            unknown = sorted(k for k in kwargs if k not in params)
+            if unknown:
+                c.fail("reward.reward_kwargs", f"has {unknown}, which reward manager {manager!r} does not take "
+                                               f"(it takes {sorted(k for k in params if k != 'self')}); "
+                                               "remove them or pick the manager they belong to.")
+    if source == "importlib" and not c.get("reward.reward_manager.module.path"):
+        c.fail("reward.reward_manager.module.path", "must name a Python file when reward_manager.source=importlib.")
+    if c.flag("reward.reward_model.enable"):
+        c.fail("reward.reward_model.enable", "is true, but model-based rewards (a reward model scoring responses) "
+                                             "are not implemented in this project; score with a reward function "
+                                             "(reward.custom_reward_function.path) and set it to false.")
+    legacy, current = c.get("custom_reward_function.path"), c.get("reward.custom_reward_function.path")
+    if legacy and current and legacy != current:
+        c.fail("custom_reward_function.path", f"({legacy!r}) conflicts with reward.custom_reward_function.path "
+                                              f"({current!r}); keep only the latter.")
+
+
+def check_key_status(c: Checker) -> None:
+    """Upstream keys that are not implemented here (key_status.txt) keep their defaults."""
+    from .key_status import check_key_status
+
+    problems, notes = check_key_status(c.cfg)
+    c.problems.extend(problems)
+    c.notes.extend(notes)
+
+
+def check_profiler(c: Checker) -> None:
+    from verl.utils.profiler.config import check_profiler_config
+
+    c.problems.extend(check_profiler_config(c.cfg))
+
+
+def check_out_of_scope(c: Checker) -> None:
+    """Upstream features selected by a combination of keys rather than by one key."""
+    strategies = {c.get("actor_rollout_ref.actor.strategy"), c.get("critic.strategy")}
+    if "megatron" in strategies and c.get("trainer.device") == "npu":
+        c.fail("trainer.device", "is npu with a megatron strategy, which upstream runs through MindSpeed (Megatron "
+                                 "on Ascend): this project does not implement MindSpeed. Use an FSDP strategy "
+                                 "(model_engine=dp) on NPU.")
+
+
+def check_recipes(c: Checker) -> None:
+    """DAPO (filter_groups, gen_batch_size, the dapo reward manager's overlong buffer) and rollout correction."""
+    from verl.trainer.ppo import rollout_corr
+
+    c.integer("data.gen_batch_size", minimum=1, allow_none=True)
+    fg = "algorithm.filter_groups"
+    if c.flag(f"{fg}.enable"):
+        c.integer(f"{fg}.max_num_gen_batches")
+        if not isinstance(c.get(f"{fg}.metric"), str) or not c.get(f"{fg}.metric"):
+            c.fail(f"{fg}.metric", "must name the score ('reward') or a per-sample reward_extra_info key (e.g. 'acc').")
+        if c.get("actor_rollout_ref.rollout.n") == 1:
+            c.warn("algorithm.filter_groups.enable=true with rollout.n=1: a group of one response cannot be "
+                   "filtered, every prompt is kept.")
+    rc = "algorithm.rollout_correction"
+    c.choice(f"{rc}.rollout_is", rollout_corr.IS_LEVELS, allow_none=True)
+    if c.get(f"{rc}.rollout_is") is not None:
+        try:
+            rollout_corr.parse_is_threshold(c.get(f"{rc}.rollout_is_threshold"))
+        except ValueError as err:
+            c.fail(f"{rc}.rollout_is_threshold", f"is invalid: {err}.")
+    rs = c.get(f"{rc}.rollout_rs")
+    if rs is not None:
+        try:
+            options = rollout_corr.parse_rs(rs)
+            rollout_corr.parse_rs_thresholds(options, c.get(f"{rc}.rollout_rs_threshold"))
+        except ValueError as err:
+            c.fail(f"{rc}.rollout_rs", f"/ rollout_rs_threshold are invalid: {err}.")
+    c.choice(f"{rc}.loss_type", rollout_corr.BYPASS_LOSS_TYPES)
+    if c.flag(f"{rc}.bypass_mode"):
+        mode = c.get("actor_rollout_ref.actor.policy_loss.loss_mode")
+        if mode not in ("vanilla", "bypass_mode"):
+            c.fail(f"{rc}.bypass_mode", f"replaces the policy loss, but actor.policy_loss.loss_mode={mode!r}; "
+                                        "use loss_mode=vanilla or turn bypass_mode off.")
+    elif c.get(f"{rc}.loss_type") == "reinforce":
+        c.fail(f"{rc}.loss_type", "=reinforce applies only with rollout_correction.bypass_mode=true.")
+    kwargs = c.get("reward.reward_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        return
+    name = c.get("reward.reward_manager.name")
+    if name != "dapo" and ({"overlong_buffer_cfg", "max_resp_len"} & set(kwargs)):
+        c.fail("reward.reward_kwargs.overlong_buffer_cfg", f"is read only by the dapo reward manager (got "
+                                                          f"reward.reward_manager.name={name!r}); set it to dapo.")
+    ob = kwargs.get("overlong_buffer_cfg") or {}
+    if name == "dapo" and isinstance(ob, dict) and ob.get("enable"):
+        max_len, buf = kwargs.get("max_resp_len"), ob.get("len")
+        if not isinstance(max_len, int) or max_len < 1:
+            c.fail("reward.reward_kwargs.max_resp_len", "must be set (usually data.max_response_length) when "
+                                                        "overlong_buffer_cfg.enable=true.")
+        elif not isinstance(buf, int) or not 0 < buf <= max_len:
+            c.fail("reward.reward_kwargs.overlong_buffer_cfg.len", f"must be in 1..max_resp_len ({max_len}).")
+
+
+def check_owned_settings(c: Checker) -> None:
+    """Values that another key owns, so setting them here would be silently overwritten.
+
+    ``override_config.output_router_logits``: verl/models/moe_router.py turns the HF router logits off on
+    every loaded model and back on (training forwards of the actor only) under
+    ``actor_rollout_ref.model.enable_router_aux_loss``. Upstream passes override_config to the HF config, where
+    ``output_router_logits=true`` makes the model compute the load-balancing loss; this project's key for that
+    is enable_router_aux_loss, so ``true`` is an error naming it rather than a warning (the run would
+    otherwise train without the loss the user asked for). ``false`` is what happens anyway and passes."""
+    for model in ("actor_rollout_ref.model", "critic.model"):
+        key = f"{model}.override_config.output_router_logits"
+        if c.get(key) not in (None, UNSET, False):
+            target = ("set `actor_rollout_ref.model.enable_router_aux_loss=true` (the actor's training forwards "
+                      "then add router_aux_loss_coef * aux_loss)" if model.startswith("actor")
+                      else "the critic never trains its router with an aux loss; remove it")
+            c.fail(key, f"is {c.get(key)!r}, but the router-logit switch is owned by "
+                        f"actor_rollout_ref.model.enable_router_aux_loss and this value would be overwritten: "
+                        f"{target}.")
+    if c.flag("critic.model.enable_router_aux_loss"):
+        c.fail("critic.model.enable_router_aux_loss", "is for the actor only; the critic's router gets no aux loss.")
+
+
+def check_megatron(c: Checker) -> None:
+    """Roles on strategy=megatron: engine settings, parallel sizes against the model, unsupported features.
+    The rules live with the engine (no megatron-core import)."""
+    from verl.workers.engine.megatron.validation import megatron_problems
+
+    c.problems.extend(megatron_problems(c.cfg))
+
