@@ -24,8 +24,6 @@ _MEANING = {
     "default-only": "not implemented: refused unless left at its default",
     "no-op": "accepted, no effect here (warns when changed); default",
     "follows": "follows",
-    "used": "works (read by code); no dedicated test yet:",
-    "pending": "being implemented:",
 }
 
 
@@ -63,8 +61,9 @@ def table() -> str:
     rows = ["| Key | Default | Status |", "|---|---|---|"]
     for key, default in sorted(leaf_defaults().items()):
         entry = status_for(key)
-        if entry is None:
-            status = "**unclassified** (add a line to key_status.txt)"
+        if entry is None or entry.status not in _MEANING:
+            status = "**unclassified** (add a line to key_status.txt)" if entry is None else (
+                f"**{entry.status}**: not shown to work nor refused (tests/trainer/config/test_key_status.py fails)")
         elif entry.status in ("default-only", "no-op"):
             status = f"{entry.status}: {_MEANING[entry.status]}"
         else:
@@ -73,8 +72,20 @@ def table() -> str:
     return "\n".join(rows)
 
 
+LEGEND = """Statuses (from `verl/trainer/config/key_status.txt`, whose header has the details):
+
+- **tested**: the key works; the named test sets it and checks what it does.
+- **refused**: validation refuses the value shown, with an error naming the key.
+- **default-only**: upstream's key, not implemented here; any value but the default is refused.
+- **no-op**: accepted but without effect on results here; a changed value logs a warning.
+- **follows**: the YAML interpolates the named key, and the key has that key's status.
+
+`tests/trainer/config/test_key_status.py` fails for a key with no status, for a `tested` key whose test file
+does not name it, and for a refusal or warning that validation does not give."""
+
+
 def render(doc_text: str) -> str:
-    block = f"{BEGIN}\n\n{table()}\n\n{END}"
+    block = f"{BEGIN}\n\n{LEGEND}\n\n{table()}\n\n{END}"
     if BEGIN in doc_text and END in doc_text:
         head, rest = doc_text.split(BEGIN, 1)
         _, tail = rest.split(END, 1)

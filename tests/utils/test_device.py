@@ -48,7 +48,7 @@ def test_npu_probe_is_guarded():
     assert device.is_npu_available is False
 
 
-def test_auto_set_device(monkeypatch):
+def test_auto_set_device(monkeypatch, caplog):
     cfg = SimpleNamespace(trainer=SimpleNamespace(device="cpu"))
     monkeypatch.setattr(device, "is_cuda_available", True)
     device.auto_set_device(cfg)
@@ -56,6 +56,12 @@ def test_auto_set_device(monkeypatch):
     monkeypatch.setattr(device, "is_cuda_available", False)
     monkeypatch.setattr(device, "is_npu_available", False)
     cfg.trainer.device = "cuda"
-    device.auto_set_device(cfg)  # nothing detected: leave the user's choice alone
-    assert cfg.trainer.device == "cuda"
+    with caplog.at_level("WARNING", logger=device.logger.name):
+        device.auto_set_device(cfg)  # no GPU here: the run is on the CPU, and the user is told so
+    assert cfg.trainer.device == "cpu"
+    assert "trainer.device=cuda" in caplog.text and "runs on cpu" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=device.logger.name):
+        assert device.resolve_trainer_device("cpu") == "cpu"
+    assert caplog.text == ""
     device.auto_set_device(None)

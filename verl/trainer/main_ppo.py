@@ -116,6 +116,7 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
 
 
 def run_ppo(cfg: DictConfig) -> dict:
+    from verl.trainer.config.validate import need_critic
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
@@ -143,7 +144,7 @@ def run_ppo(cfg: DictConfig) -> dict:
                                     _reward_where(cfg))
         val_reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=1, **reward_kwargs),
                                         _reward_where(cfg))
-    use_critic = cfg.algorithm.adv_estimator == "gae"
+    use_critic = need_critic(cfg)  # critic.enable when set (upstream), else GAE only
     steps_per_epoch = len(train_ds) // (cfg.data.get("gen_batch_size") or cfg.data.train_batch_size)
     total = cfg.trainer.get("total_training_steps") or steps_per_epoch * cfg.trainer.total_epochs
     _set_total_steps(cfg, int(total))

@@ -30,6 +30,7 @@ __all__ = [
     "get_device_capability",
     "set_expandable_segments",
     "auto_set_device",
+    "resolve_trainer_device",
     "manual_seed",
     "manual_seed_all",
     "is_vllm_ascend_available",
@@ -164,16 +165,23 @@ def set_expandable_segments(enable: bool) -> None:
         os.environ["PYTORCH_NPU_ALLOC_CONF"] = f"expandable_segments:{enable}"
 
 
+def resolve_trainer_device(requested: str) -> str:
+    """The device this process will run on for ``trainer.device=requested``: always the detected one (an
+    accelerator is never left idle, and a missing one cannot be conjured), with a warning naming the key
+    when they differ, so a cuda config on a host without GPUs does not run on the CPU unannounced."""
+    detected = get_device_name()
+    if requested != detected:
+        logger.warning("trainer.device=%s but this process sees %s; it runs on %s (set trainer.device=%s).",
+                       requested, detected if detected != "cpu" else "no accelerator", detected, detected)
+    return detected
+
+
 def auto_set_device(config) -> None:
-    """Rewrite ``config.trainer.device`` to the detected accelerator when they disagree."""
+    """Rewrite ``config.trainer.device`` to the device this process runs on (see resolve_trainer_device)."""
     trainer = getattr(config, "trainer", None) if config is not None else None
     if trainer is None or not hasattr(trainer, "device"):
         return
-    detected = get_device_name()
-    if detected != "cpu" and trainer.device != detected:
-        if trainer.device != "cpu":
-            logger.warning("config.trainer.device=%s but %s was detected; using %s", trainer.device, detected, detected)
-        trainer.device = detected
+    trainer.device = resolve_trainer_device(trainer.device)
 
 
 def manual_seed(seed: int) -> None:
