@@ -53,3 +53,28 @@ def test_other_architectures_keep_their_forward_on_npu(recorded, monkeypatch):
     monkeypatch.setattr(device, "get_device_name", lambda: "npu")
     assert npu_patch.apply_npu_patches_for_model(LlamaConfig(architectures=["LlamaForCausalLM"])) == []
     assert recorded == []
+
+
+def test_decided_by_the_model_spec(recorded, monkeypatch):
+    """'Is this a Qwen3.5-family model' is the spec's answer (its ``patches``), not a model_type string: a spec
+    that opts out of the Qwen3.5 patches gets no NPU forwards either, and the spec's family picks the file."""
+    import dataclasses
+
+    from transformers import Qwen3_5MoeTextConfig
+
+    from verl.models.registry import SUPPORTED_ARCHITECTURES
+    from verl.utils import device
+
+    monkeypatch.setattr(device, "get_device_name", lambda: "npu")
+    base = SUPPORTED_ARCHITECTURES["Qwen3_5MoeForCausalLM"]
+    for name, patches in (("MyMoeForCausalLM", "qwen3_5"), ("MyStockMoeForCausalLM", None)):
+        SUPPORTED_ARCHITECTURES.register(name, dataclasses.replace(base, architecture=name, patches=patches))
+    try:
+        cfg = Qwen3_5MoeTextConfig(architectures=["MyMoeForCausalLM"])
+        assert npu_patch.apply_npu_patches_for_model(cfg) == ["x"]
+        cfg.architectures = ["MyStockMoeForCausalLM"]
+        assert npu_patch.apply_npu_patches_for_model(cfg) == []
+    finally:
+        for name in ("MyMoeForCausalLM", "MyStockMoeForCausalLM"):
+            SUPPORTED_ARCHITECTURES.pop(name)
+    assert recorded == [("qwen3_5_moe",)]

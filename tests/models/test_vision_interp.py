@@ -1,9 +1,12 @@
-"""Vision position-embedding interpolation built on the input's device."""
+"""Vision position-embedding interpolation built on the input's device (seed 001's FSDP2 CPU-offload fix), and the
+patched vision forward that runs it."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
+from qwen35_test_utils import patched_copy
 from verl.models.transformers.qwen3_5 import fast_pos_embed_interpolate, vision_interp_indices_weights
 
 
@@ -50,3 +53,56 @@ def test_reads_table_through_module_call(tiny_models):
     finally:
         handle.remove()
     assert calls == [torch.device("cpu")]
+
+
+def _vision_tower(tiny_models, kind):
+    """The (patched copy of the) vision tower of a tiny VL model, and the stock one it was copied from."""
+    model = tiny_models(kind)
+    return patched_copy(model).model.visual, model.model.visual
+
+
+@pytest.mark.parametrize("kind", ["vl", "vl_moe"])
+def test_patched_vision_forward_matches_stock(tiny_models, kind):
+    """qwen3_5.vision_forward (what the patched VL model runs, on CPU as well) equals the stock tower, outputs
+    and the position table's gradient alike."""
+    patched, stock = _vision_tower(tiny_models, kind)
+    gen = torch.Generator().manual_seed(1)
+    grid = torch.tensor([[1, 4, 8], [2, 4, 4]])
+    pixels = torch.randn(int(grid.prod(-1).sum()), 96, generator=gen)
+    outs = []
+    for tower in (stock, patched):
+        tower.zero_grad()
+        out = tower(pixels, grid_thw=grid)
+        out.pooler_output.square().sum().backward()
+        outs.append((out.last_hidden_state, out.pooler_output, tower.pos_embed.weight.grad.clone()))
+    for ref, got in zip(*outs):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert outs[0][2].abs().sum() > 0
+
+
+def test_vision_forward_embeds_positions_with_fast_pos_embed_interpolate(tiny_models, monkeypatch):
+    """The seed's device-safe interpolation is the one the production VL forward runs (not a test-only twin)."""
+    from verl.models.transformers import qwen3_5
+
+    patched, _ = _vision_tower(tiny_models, "vl")
+    calls = []
+    real = qwen3_5.fast_pos_embed_interpolate
+
+    def spy(visual, grid_thw, device=None):
+        calls.append((visual, grid_thw.tolist(), device))
+        return real(visual, grid_thw, device)
+
+    monkeypatch.setattr(qwen3_5, "fast_pos_embed_interpolate", spy)
+    grid = torch.tensor([[1, 4, 4]])
+    patched(torch.zeros(16, 96), grid_thw=grid)
+    assert calls == [(patched, [[1, 4, 4]], torch.device("cpu"))]
+
+
+def test_other_interpolation_modes_are_refused(tiny_models):
+    visual = tiny_models("vl").model.visual
+    try:
+        visual.interpolation_mode = "bicubic"
+        with pytest.raises(NotImplementedError, match="bilinear"):
+            fast_pos_embed_interpolate(visual, torch.tensor([[1, 4, 4]]))
+    finally:
+        visual.interpolation_mode = "bilinear"

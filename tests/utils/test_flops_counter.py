@@ -4,7 +4,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from transformers import Qwen3_5Config, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config
+from transformers import LlamaConfig, Qwen3_5Config, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config
 
 from verl.utils.flops_counter import FlopsCounter, count_flops, forward_flops, get_device_flops
 
@@ -102,3 +102,40 @@ def test_device_flops():
     assert math.isinf(get_device_flops("T", "Mystery GPU"))
     with pytest.raises(ValueError):
         get_device_flops("X", "CPU")
+
+
+def test_formula_comes_from_the_model_spec():
+    """FLOPs are looked up through ModelSpec.flops_fn (by architecture), not by model_type: a model registered
+    with a formula gets it whatever its model_type says, and each Qwen3.5 spec names the Qwen3.5 formula."""
+    import dataclasses
+
+    from verl.models.registry import SUPPORTED_ARCHITECTURES, get_model_spec
+    from verl.utils.flops_counter import dense_decoder_forward_flops, qwen3_5_forward_flops
+
+    for spec in SUPPORTED_ARCHITECTURES.values():
+        assert spec.resolve("flops_fn") is qwen3_5_forward_flops
+    qwen3 = Qwen3Config(vocab_size=10, hidden_size=8, intermediate_size=12, num_hidden_layers=3,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+    qwen3.model_type = "my_decoder"  # unknown to any formula table keyed by model_type
+    qwen3.architectures = ["MyDecoderForCausalLM"]
+    assert forward_flops(qwen3, SEQLENS) == 0.0
+    base = SUPPORTED_ARCHITECTURES["Qwen3_5ForCausalLM"]
+    spec = dataclasses.replace(base, architecture="MyDecoderForCausalLM",
+                               flops_fn="verl.utils.flops_counter.dense_decoder_forward_flops")
+    SUPPORTED_ARCHITECTURES.register(spec.architecture, spec)
+    try:
+        assert get_model_spec(qwen3) is spec
+        assert forward_flops(qwen3, SEQLENS) == pytest.approx(26336)  # test_generic_qwen3_by_hand's count
+        assert forward_flops(qwen3, SEQLENS) == dense_decoder_forward_flops(qwen3, SEQLENS)
+    finally:
+        SUPPORTED_ARCHITECTURES.pop(spec.architecture)
+
+
+def test_generic_spec_names_the_dense_formula_for_known_families_only():
+    from verl.models.registry import get_model_spec
+
+    llama = LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1)
+    assert get_model_spec(llama).flops_fn == "verl.utils.flops_counter.dense_decoder_forward_flops"
+    assert forward_flops(llama, SEQLENS) > 0
+    assert get_model_spec(SimpleNamespace(model_type="gpt2", architectures=["GPT2LMHeadModel"])).flops_fn is None

@@ -1,17 +1,25 @@
-"""Which fast kernels a model runs with, said once at start-up, and a warning for each one missing on CUDA.
+"""Which kernels a model runs with, said once at start-up, and a warning for each slow fallback on CUDA.
 
 The Qwen3.5 forwards fall back to exact torch code when a kernel package is absent (that is what the CPU CI
 runs), so a missing package never fails a run; on a GPU it costs time, which users must hear about rather
 than discover (a silent torch fallback of the Gated DeltaNet delta rule has cost users 2x elsewhere).
 
-The model spec says what a model needs (``has_linear_attention``, packing); this module knows which package
-provides each kernel and what its absence costs.
+What is reported is what the code will run, asked of the code that chooses: the Gated DeltaNet backend from
+``gated_deltanet.gdn_backend`` (an installed fla that fails to import counts as absent, as it runs), packed
+attention from ``packed_attention.select_backend`` (flash-attn, else torch's own varlen attention, else padded
+SDPA: only the last is slow). A backend forced through an environment variable is reported, never warned about.
+
+The model spec says what a model needs (``has_linear_attention``, ``native_packing``); ``engine`` says which
+forwards run: ``fsdp`` (the patched HF model, and the stock HF forwards of hf-rollout generation) or ``mcore``
+(the Megatron model of :mod:`verl.models.mcore`, whose packed attention is always SDPA per sequence).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import functools
+import importlib
 import logging
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,49 +46,105 @@ KERNELS = {
                             "transformers falls back to an unfused torch conv (slower decoding)"),
     "flash_attn": Kernel("flash-attn", "flash_attn",
                          "varlen causal attention over packed sequences",
-                         "packed attention is re-padded to the longest sequence and run through SDPA: "
-                         "compute and memory grow with the padding removed elsewhere"),
+                         "neither flash-attn nor torch's varlen attention (torch >= 2.10) is available, so packed "
+                         "attention is re-padded to the longest sequence and run through SDPA: compute and memory "
+                         "grow with the padding removed elsewhere"),
 }
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """What one part of the model runs on: ``backend`` as the summary line says it, ``slow`` when that is a
+    fallback a missing ``kernel`` (a key of :data:`KERNELS`) causes."""
+
+    backend: str
+    slow: bool = False
+    kernel: Optional[str] = None
+
 
 _warned: set[str] = set()
 _reported: set[tuple] = set()
 
 
+@functools.lru_cache(maxsize=None)
 def importable(module: str) -> bool:
+    """Whether the code that uses ``module`` gets it: the import the code does, not a look-up of installed files
+    (a package built for another torch or CUDA is installed yet fails to import, and the code then falls back)."""
+    if module == "fla":
+        from verl.models.transformers.gated_deltanet import _fla_functions
+
+        return _fla_functions() is not None
+    if module == "flash_attn":
+        from verl.models.transformers.packed_attention import _flash_varlen
+
+        return _flash_varlen() is not None
     try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
+        importlib.import_module(module)
+    except Exception:  # ImportError, or whatever a broken build raises at import
         return False
+    return True
 
 
-def needed_kernels(spec, use_remove_padding: bool) -> list[str]:
-    """Kernel names that speed up ``spec``'s model as configured."""
-    names = []
+def _gdn_choice(on_cuda: bool) -> KernelChoice:
+    from verl.models.transformers.gated_deltanet import GDN_BACKEND_ENV, fla_conv_available
+
+    if os.environ.get(GDN_BACKEND_ENV, "auto").lower() == "torch":
+        return KernelChoice(f"torch ({GDN_BACKEND_ENV}=torch)")
+    if not on_cuda:
+        return KernelChoice("torch")
+    if not importable("fla"):
+        return KernelChoice("torch", slow=True, kernel="fla")
+    return KernelChoice("fla" if fla_conv_available() else "fla (delta rule; conv in torch: this fla has no varlen conv)")
+
+
+def _packed_attention_choice(spec, on_cuda: bool) -> KernelChoice:
+    if not getattr(spec, "native_packing", False):
+        # Other models pack through transformers' flash_attention_2 (the spec allows packing only then).
+        return KernelChoice("flash-attn (transformers flash_attention_2)")
+    from verl.models.transformers.packed_attention import BACKEND_ENV, forced_backend, select_backend
+
+    if forced_backend() is not None:
+        return KernelChoice(f"{forced_backend()} ({BACKEND_ENV})")
+    backend = select_backend(fast=on_cuda)
+    return KernelChoice(backend, slow=on_cuda and backend == "sdpa", kernel="flash_attn")
+
+
+def kernel_choices(spec, use_remove_padding: bool, on_cuda: bool, engine: str = "fsdp") -> dict[str, KernelChoice]:
+    """``{part: KernelChoice}`` for the parts of ``spec``'s model that have a fast kernel, as ``engine`` runs it."""
+    if engine not in ("fsdp", "mcore"):
+        raise ValueError(f"engine must be 'fsdp' or 'mcore', got {engine!r}")
+    choices = {}
     if getattr(spec, "has_linear_attention", False):
-        names += ["fla", "causal_conv1d"]
-    if use_remove_padding:
-        names.append("flash_attn")
-    return names
+        choices["gated_deltanet"] = _gdn_choice(on_cuda)
+        if engine == "fsdp":  # stock HF forwards (hf rollout decoding) use transformers' own conv kernel
+            ok = importable("causal_conv1d")
+            choices["stock_gdn_conv"] = KernelChoice("causal-conv1d" if ok else "torch", slow=on_cuda and not ok,
+                                                     kernel="causal_conv1d")
+    if engine == "mcore":
+        choices["packed_attention"] = KernelChoice("sdpa per sequence (local spec)")
+    elif use_remove_padding:
+        choices["packed_attention"] = _packed_attention_choice(spec, on_cuda)
+    return choices
 
 
-def report_kernels(spec, use_remove_padding: bool, on_cuda: Optional[bool] = None, rank0: bool = True) -> dict[str, bool]:
-    """``{kernel: available}`` for the kernels ``spec`` needs. On CUDA, a missing one logs a one-time
-    warning naming the package and the cost; rank 0 prints the summary line (the run's first log lines)."""
+def report_kernels(spec, use_remove_padding: bool, on_cuda: Optional[bool] = None, rank0: bool = True,
+                   engine: str = "fsdp") -> dict[str, KernelChoice]:
+    """Say which kernels ``spec``'s model runs with. On CUDA, each slow fallback logs a one-time warning naming
+    the package to install and the cost; rank 0 prints the summary line (among the run's first log lines)."""
     on_cuda = torch.cuda.is_available() if on_cuda is None else on_cuda
-    status = {name: importable(KERNELS[name].module) for name in needed_kernels(spec, use_remove_padding)}
-    if on_cuda:
-        for name, ok in status.items():
-            if not ok and name not in _warned:
-                _warned.add(name)
-                k = KERNELS[name]
-                logger.warning("fast kernel missing: `pip install %s` for %s; without it %s", k.package, k.used_for,
-                               k.fallback_cost)
-    key = (getattr(spec, "architecture", None), tuple(status.items()), on_cuda)
-    if rank0 and status and key not in _reported:
+    choices = kernel_choices(spec, use_remove_padding, on_cuda, engine)
+    for choice in choices.values():
+        if choice.slow and choice.kernel not in _warned:
+            _warned.add(choice.kernel)
+            k = KERNELS[choice.kernel]
+            logger.warning("fast kernel missing: `pip install %s` for %s; without it %s", k.package, k.used_for,
+                           k.fallback_cost)
+    key = (getattr(spec, "architecture", None), engine, tuple(choices.items()), on_cuda)
+    if rank0 and choices and key not in _reported:
         _reported.add(key)
-        where = "cuda" if on_cuda else "cpu (kernels unused: torch reference paths)"
-        summary = ", ".join(f"{KERNELS[n].package}={'yes' if ok else 'no'}" for n, ok in status.items())
-        message = f"[verl.kernels] {getattr(spec, 'architecture', 'model')} on {where}: {summary}"
+        where = "cuda" if on_cuda else "cpu (torch reference paths)"
+        summary = ", ".join(f"{part}={c.backend}" for part, c in choices.items())
+        message = f"[verl.kernels] {getattr(spec, 'architecture', 'model')} ({engine}) on {where}: {summary}"
         logger.info(message)
         print(message, flush=True)
-    return status
+    return choices

@@ -49,9 +49,11 @@ class ModelSpec:
     # Weight-sync name rules (HF name -> rollout-engine names): dotted path of a layout class with
     # ``from_hf_config(hf_config, **kw)``; None: engine names equal HF names.
     weight_sync_layout: Optional[str] = None
-    # FLOPs of one forward, ``fn(hf_config, batch_seqlens) -> float`` (dotted path); None: generic decoder.
+    # FLOPs of one forward, ``fn(hf_config, batch_seqlens) -> float`` (dotted path), read by
+    # verl.utils.flops_counter; None: no formula (MFU reads 0, with a warning).
     flops_fn: Optional[str] = None
-    # Name of the model in verl.models.mcore's registry (Megatron engine); None: not available on Megatron.
+    # Key of the model in verl.models.mcore's registry (read by its get_supported_model); None: not on Megatron
+    # unless registered there under the checkpoint's architecture.
     mcore_model: Optional[str] = None
 
     def resolve(self, field_name: str):
@@ -89,7 +91,7 @@ def _qwen(arch, family, is_vl, is_moe, text_class):
         lora_all_linear=QWEN35_ALL_LINEAR,
         lora_fused_expert_params=QWEN35_FUSED_EXPERT_PARAMS if is_moe else (),
         weight_sync_layout="verl.workers.weight_sync.names.Qwen35Layout",
-        flops_fn="verl.utils.flops_counter._qwen3_5_fwd",
+        flops_fn="verl.utils.flops_counter.qwen3_5_forward_flops",
         mcore_model=arch,
     )
 
@@ -117,6 +119,11 @@ _FAMILY_DEFAULT_ARCH = {
     ("qwen3_5_moe", False): "Qwen3_5MoeForCausalLM",
     ("qwen3_5_moe", True): "Qwen3_5MoeForConditionalGeneration",
 }
+
+
+# Generic architectures whose FLOPs the dense-decoder formula counts (GQA attention + SwiGLU MLP per layer).
+GENERIC_FLOPS_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+_GENERIC_FLOPS_FN = "verl.utils.flops_counter.dense_decoder_forward_flops"
 
 
 def _family(model_type: Optional[str]) -> Optional[str]:
@@ -147,6 +154,7 @@ def get_model_spec(hf_config) -> ModelSpec:
         return SUPPORTED_ARCHITECTURES[_FAMILY_DEFAULT_ARCH[(family, _is_vl_config(hf_config))]]
     archs = getattr(hf_config, "architectures", None) or []
     arch = archs[0] if archs else "AutoModelForCausalLM"
+    text_family = _family(getattr(get_text_config(hf_config), "model_type", None))
     is_vl = _is_vl_config(hf_config)
     text = get_text_config(hf_config)
     return ModelSpec(
@@ -161,7 +169,7 @@ def get_model_spec(hf_config) -> ModelSpec:
         text_class=None,
         auto_class="AutoModelForImageTextToText" if is_vl else "AutoModelForCausalLM",
         text_config_attr="text_config" if getattr(hf_config, "text_config", None) is not None else None,
-        flops_fn="verl.utils.flops_counter.forward_flops",
+        flops_fn=_GENERIC_FLOPS_FN if text_family in GENERIC_FLOPS_FAMILIES else None,
     )
 
 
@@ -239,12 +247,16 @@ def load_hf_model(
     trust_remote_code: bool = False,
     for_vl: Optional[bool] = None,
     declared_model_type: Optional[str] = None,
+    config_overrides=None,
     **from_pretrained_kwargs,
 ):
     """Load a checkpoint for training: Qwen3.5 (text or VL) or any HF causal LM.
 
     A VL checkpoint loaded with ``for_vl=False`` becomes the matching ``*ForCausalLM`` over its text config
-    (vision weights are skipped). Raises ValueError for checkpoints that are not causal LMs.
+    (vision weights are skipped). ``config_overrides`` (``model.override_config``) are set on the config
+    the model is built from, as upstream does; they must not go to ``from_pretrained`` as keyword arguments
+    next to ``config=``, where transformers hands them to the model's ``__init__``. Raises ValueError for
+    checkpoints that are not causal LMs.
     """
     from transformers import AutoConfig
 
@@ -256,11 +268,35 @@ def load_hf_model(
     cls = get_model_class(config, for_vl=for_vl, trust_remote_code=trust_remote_code)
     if spec.is_vl and for_vl is False and spec.hf_class is not None:
         config = get_text_config(config)
+    apply_config_overrides(config, config_overrides)
     kwargs = dict(from_pretrained_kwargs)
     kwargs.setdefault("dtype", dtype)
     if cls.__name__.startswith("Auto"):
         kwargs["trust_remote_code"] = trust_remote_code
     return cls.from_pretrained(path, config=config, **kwargs)
+
+
+def apply_config_overrides(config, overrides) -> None:
+    """Set ``overrides`` (a dict or an OmegaConf section; None = nothing) on an HF config: a dict value for
+    a nested sub-config recurses into it; a key the config lacks but its text config has (VL checkpoints)
+    goes to the text config, where the text model reads it."""
+    from omegaconf import OmegaConf
+    from transformers import PretrainedConfig
+
+    if overrides is None:
+        return
+    if OmegaConf.is_config(overrides):
+        overrides = OmegaConf.to_container(overrides, resolve=True)
+    for key, value in overrides.items():
+        current = getattr(config, key, None)
+        if isinstance(current, PretrainedConfig) and isinstance(value, dict):
+            apply_config_overrides(current, value)
+            continue
+        text = getattr(config, "text_config", None)
+        if not hasattr(config, key) and isinstance(text, PretrainedConfig) and hasattr(text, key):
+            setattr(text, key, value)
+        else:
+            setattr(config, key, value)
 
 
 class ModelRegistry:

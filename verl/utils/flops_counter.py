@@ -24,6 +24,10 @@ Conventions (all counts are *useful* FLOPs, one multiply-add = 2 FLOPs):
   visits; Qwen3.5-MoE's shared expert (SwiGLU) and its scalar gate are counted on every token.
 
 Vision towers of VL configs are not counted (only their ``text_config``).
+
+Which formula a config gets is its model spec's choice (``verl.models.registry``, ``ModelSpec.flops_fn``):
+:func:`qwen3_5_forward_flops` for the Qwen3.5 architectures, :func:`dense_decoder_forward_flops` for the generic
+llama / mistral / qwen2 / qwen3 families, none (0, with a warning from :class:`FlopsCounter`) otherwise.
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ __all__ = [
     "FlopsCounter",
     "GDN_CHUNK_SIZE",
     "count_flops",
+    "dense_decoder_forward_flops",
     "forward_flops",
     "gdn_delta_rule_macs_per_token",
     "get_device_flops",
+    "qwen3_5_forward_flops",
 ]
 
 # Chunk length of the chunked Gated-DeltaNet kernels (fla's chunk_gated_delta_rule uses 64).
@@ -155,7 +161,8 @@ def _mlp_params(cfg) -> int:
 # ----------------------------------------------------------------------------- model formulas
 
 
-def _qwen3_5_fwd(config, batch_seqlens) -> float:
+def qwen3_5_forward_flops(config, batch_seqlens) -> float:
+    """Qwen3.5 dense / MoE (text or VL config): gated full attention, Gated DeltaNet, SwiGLU or MoE MLPs."""
     cfg = _text_config(config)
     tokens = sum(batch_seqlens)
     types = _layer_types(cfg)
@@ -175,7 +182,7 @@ def _qwen3_5_fwd(config, batch_seqlens) -> float:
     return flops
 
 
-def _dense_decoder_fwd(config, batch_seqlens) -> float:
+def dense_decoder_forward_flops(config, batch_seqlens) -> float:
     """llama / mistral / qwen2 / qwen3: GQA attention + SwiGLU MLP on every layer."""
     cfg = _text_config(config)
     hd = _head_dim(cfg)
@@ -189,21 +196,17 @@ def _dense_decoder_fwd(config, batch_seqlens) -> float:
     return flops
 
 
-_FORWARD_FUNCS: dict[str, Callable] = {
-    "qwen3_5": _qwen3_5_fwd,
-    "qwen3_5_text": _qwen3_5_fwd,
-    "qwen3_5_moe": _qwen3_5_fwd,
-    "qwen3_5_moe_text": _qwen3_5_fwd,
-    "llama": _dense_decoder_fwd,
-    "mistral": _dense_decoder_fwd,
-    "qwen2": _dense_decoder_fwd,
-    "qwen3": _dense_decoder_fwd,
-}
+def _forward_fn(config) -> Optional[Callable]:
+    """The FLOPs formula of ``config``'s model, as its model spec names it (``ModelSpec.flops_fn``)."""
+    from verl.models.registry import get_model_spec
+
+    return get_model_spec(config).resolve("flops_fn")
 
 
 def forward_flops(config, batch_seqlens) -> float:
-    """Forward FLOPs of one pass over sequences of lengths ``batch_seqlens`` (0 if unsupported)."""
-    func = _FORWARD_FUNCS.get(getattr(config, "model_type", None))
+    """Forward FLOPs of one pass over sequences of lengths ``batch_seqlens`` (0 if the model spec names no
+    formula: Qwen3.5 has its own, llama / mistral / qwen2 / qwen3 the dense-decoder one)."""
+    func = _forward_fn(config)
     return 0.0 if func is None else float(func(config, list(batch_seqlens)))
 
 
@@ -224,10 +227,12 @@ class FlopsCounter:
 
     def __init__(self, config):
         self.config = config
-        if getattr(config, "model_type", None) not in _FORWARD_FUNCS:
+        if _forward_fn(config) is None:
+            from verl.models.registry import GENERIC_FLOPS_FAMILIES
+
             warnings.warn(
-                f"FlopsCounter supports model types {sorted(_FORWARD_FUNCS)}, got "
-                f"{getattr(config, 'model_type', None)!r}; MFU will read 0.",
+                f"no FLOPs formula for model_type {getattr(config, 'model_type', None)!r} (its model spec names "
+                f"none; Qwen3.5 and {sorted(GENERIC_FLOPS_FAMILIES)} have one); MFU will read 0.",
                 stacklevel=2,
             )
 

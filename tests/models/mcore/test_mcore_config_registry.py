@@ -113,3 +113,58 @@ def test_mcore_model_needs_the_extra(configs):
             mreg.init_mcore_model(None, configs["dense"])
     else:
         pytest.skip("megatron-core is installed here")
+
+
+def test_mcore_lookup_goes_through_the_model_spec(configs):
+    """The Megatron model of a checkpoint is the one its ModelSpec names (mcore_model), not a string match on
+    the architecture: an architecture registered with a Qwen3.5 spec builds the Qwen3.5 Megatron model."""
+    import dataclasses
+
+    from verl.models.registry import SUPPORTED_ARCHITECTURES
+
+    spec = dataclasses.replace(SUPPORTED_ARCHITECTURES["Qwen3_5ForCausalLM"], architecture="MyQwenishForCausalLM")
+    SUPPORTED_ARCHITECTURES.register(spec.architecture, spec)
+    try:
+        cfg = type("Cfg", (), {"architectures": ["MyQwenishForCausalLM"], "model_type": "myqwenish"})()
+        assert mreg.get_supported_model(cfg) is mreg.SupportedModel.QWEN3_5
+        SUPPORTED_ARCHITECTURES.register(spec.architecture, dataclasses.replace(spec, mcore_model=None),
+                                         override=True)
+        with pytest.raises(ValueError, match="register_mcore_model"):
+            mreg.get_supported_model(cfg)  # the spec says: not on Megatron
+    finally:
+        SUPPORTED_ARCHITECTURES.pop(spec.architecture)
+    # no architectures at all: the spec found by model_type names the model
+    moe = type(configs["moe"])(**configs["moe"].to_dict())
+    moe.architectures = None
+    assert mreg.get_supported_model(moe) is mreg.SupportedModel.QWEN3_5_MOE
+
+
+def test_mcore_model_build_reports_kernels(configs, monkeypatch, capsys, caplog):
+    """Building the Megatron model says which kernels it runs, and on CUDA warns about a missing fla (the Gated
+    DeltaNet layers would run the torch reference). megatron-core is not needed: the initializer is a stand-in."""
+    import logging
+
+    import verl.models.mcore as mcore_pkg
+    from verl.models import kernels
+    from verl.models.transformers import gated_deltanet
+
+    monkeypatch.setattr(mcore_pkg, "require_megatron", lambda: None)
+    monkeypatch.setattr(kernels, "_warned", set())
+    monkeypatch.setattr(kernels, "_reported", set())
+    monkeypatch.setattr(gated_deltanet, "_fla_functions", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv(gated_deltanet.GDN_BACKEND_ENV, raising=False)
+    key = mreg.SupportedModel.QWEN3_5
+    original = dict.get(mreg.MODEL_INITIALIZER_REGISTRY, key)
+    built = []
+    mreg.MODEL_INITIALIZER_REGISTRY.register(key, lambda tf, hf, **kw: built.append(hf) or "model", override=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger=kernels.__name__):
+            assert mreg.init_mcore_model(None, configs["dense"]) == "model"
+            mreg.init_mcore_model(None, configs["dense"], vp_stage=1)  # a second chunk: no second report
+    finally:
+        mreg.MODEL_INITIALIZER_REGISTRY.register(key, original, override=True)
+    assert len(built) == 2
+    out = capsys.readouterr().out
+    assert out.count("[verl.kernels] Qwen3_5ForCausalLM (mcore) on cuda: gated_deltanet=torch") == 1
+    assert [r.getMessage() for r in caplog.records if "pip install flash-linear-attention`" in r.getMessage()]

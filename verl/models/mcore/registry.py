@@ -83,18 +83,17 @@ for _model in SupportedModel:
 
 
 def get_supported_model(hf_config) -> ModelKey:
-    """The registry key of a checkpoint: its declared architecture, else its ``model_type`` (Qwen3.5 family)."""
-    archs = list(getattr(hf_config, "architectures", None) or [])
-    for arch in archs:
-        for reg_key in MODEL_CONFIG_CONVERTER_REGISTRY:
-            if str(reg_key) == arch:
-                return reg_key
+    """The registry key of a checkpoint: what its model spec names (``ModelSpec.mcore_model``: the Qwen3.5
+    architectures, found by ``model_type`` too when ``architectures`` is absent), else its declared architecture
+    (models registered here from outside, whose spec is the generic one)."""
     from verl.models.registry import get_model_spec
 
-    spec = get_model_spec(hf_config)
-    for reg_key in MODEL_CONFIG_CONVERTER_REGISTRY:
-        if str(reg_key) == spec.architecture:
-            return reg_key
+    wanted = [get_model_spec(hf_config).mcore_model] + list(getattr(hf_config, "architectures", None) or [])
+    for name in wanted:
+        for reg_key in MODEL_CONFIG_CONVERTER_REGISTRY:
+            if name is not None and str(reg_key) == name:
+                return reg_key
+    archs = list(getattr(hf_config, "architectures", None) or [])
     raise ValueError(
         f"the Megatron backend has no model for architectures={archs} "
         f"(model_type={getattr(hf_config, 'model_type', None)!r}); registered: "
@@ -133,9 +132,23 @@ def init_mcore_model(tfconfig, hf_config, pre_process: bool = True, post_process
 
     require_megatron()
     build = _get(MODEL_INITIALIZER_REGISTRY, hf_config)
+    _report_kernels(hf_config)
     return build(tfconfig, hf_config, pre_process=pre_process, post_process=post_process,
                  share_embeddings_and_output_weights=share_embeddings_and_output_weights, value=value,
                  vp_stage=vp_stage)
+
+
+def _report_kernels(hf_config) -> None:
+    """Say which kernels the Megatron model runs (once per process; a warning per slow fallback on CUDA), as the
+    FSDP engine does when it builds its model: without fla the Gated DeltaNet layers run the torch reference."""
+    import torch
+    import torch.distributed as dist
+
+    from verl.models.kernels import report_kernels
+    from verl.models.registry import get_model_spec
+
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    report_kernels(get_model_spec(hf_config), True, on_cuda=torch.cuda.is_available(), rank0=rank0, engine="mcore")
 
 
 def get_mcore_forward_fn(hf_config) -> Callable:

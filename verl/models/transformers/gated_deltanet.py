@@ -43,10 +43,23 @@ def _fla_functions():
     return conv, chunk_gated_delta_rule
 
 
-def use_fla(device: torch.device) -> bool:
+def gdn_backend(device_type: str) -> str:
+    """What the Gated DeltaNet forwards run on a ``device_type`` tensor: ``fla`` (delta rule and, when this fla
+    release has it, the varlen conv), ``torch`` (the reference: CPU, fla absent or failing to import, or
+    ``VERL_GDN_BACKEND=torch``). An installed fla that does not import counts as absent, as it runs."""
     if os.environ.get(GDN_BACKEND_ENV, "auto").lower() == "torch":
-        return False
-    return device.type == "cuda" and _fla_functions() is not None
+        return "torch"
+    return "fla" if device_type == "cuda" and _fla_functions() is not None else "torch"
+
+
+def fla_conv_available() -> bool:
+    """Whether the fla release that imports also has its varlen causal conv (else the conv runs in torch)."""
+    fns = _fla_functions()
+    return fns is not None and fns[0] is not None
+
+
+def use_fla(device: torch.device) -> bool:
+    return gdn_backend(device.type) == "fla"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -3,12 +3,17 @@
 Qwen3.5 models (dense / MoE / VL) get packed-sequence, padding-safe and Ulysses-aware forwards. Patches are
 installed on *instances* (``module.forward = ...``), not classes, so an unpatched model of the same class
 (e.g. a reference copy, or the HF oracle in tests) keeps the stock behaviour, and applying twice is a no-op.
-Other architectures are left untouched, except that ``use_fused_kernels`` swaps their top-level forward for
+The top-level forward of a Qwen3.5 causal LM is one of three backends chosen here: ``forward_with_normal_backend``
+(logits, and the MoE router's load-balancing loss when asked for) or, with ``use_fused_kernels``,
+``forward_with_torch_backend`` / ``forward_with_triton_backend`` (per-token log-probs and entropy); all three hand
+cached decoding (``generate``) to the stock forward. Other architectures are left untouched, except that ``use_fused_kernels`` swaps their top-level forward for
 the fused log-prob one (it only relies on ``.model`` and ``.lm_head``).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import types
 from typing import Optional
@@ -22,11 +27,15 @@ _PATCH_ATTR = "_verl_patch_settings"
 
 # Class-name suffix (after "Qwen3_5" / "Qwen3_5Moe") -> "module.function" of its replacement forward, the
 # module being under verl.models.transformers. Suffixes are matched exactly, so "Model" is only the VL wrapper.
+# The causal-LM heads get the normal (logits) backend; use_fused_kernels then swaps in a fused one.
 _REPLACEMENTS = {
     "TextModel": "qwen3_5.text_model_forward", "Model": "qwen3_5.vl_model_forward",
     "VisionModel": "qwen3_5.vision_forward", "DecoderLayer": "qwen3_5.decoder_layer_forward",
     "GatedDeltaNet": "gated_deltanet.gated_deltanet_forward", "Attention": "packed_attention.gated_attention_forward",
+    "ForCausalLM": "qwen3_5.forward_with_normal_backend",
+    "ForConditionalGeneration": "qwen3_5.forward_with_normal_backend",
 }
+_HEAD_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
 
 
 def _qwen3_5_replacements() -> dict[type, object]:
@@ -43,8 +52,34 @@ def _qwen3_5_replacements() -> dict[type, object]:
         for hf_mod, prefix in ((dense, "Qwen3_5"), (moe, "Qwen3_5Moe")):
             cls = getattr(hf_mod, prefix + suffix, None)
             if cls is not None:
-                table[cls] = fn
+                table[cls] = with_stock_signature(cls, fn) if suffix in _HEAD_SUFFIXES else fn
     return table
+
+
+@functools.lru_cache(maxsize=None)
+def with_stock_signature(cls: type, fn):
+    """``fn`` (a top-level forward taking keywords) presented with ``cls.forward``'s signature plus ``temperature``
+    and ``shift_labels``: HF ``generate`` reads the forward's signature to decide what to pass (attention_mask,
+    position_ids, logits_to_keep, pixel inputs), and positional calls bind as they would on the stock forward."""
+    stock = inspect.signature(cls.forward)
+    params = [p for p in stock.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    var_kw = [p for p in stock.parameters.values() if p.kind is p.VAR_KEYWORD]
+    names = {p.name for p in params}
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d)
+             for n, d in (("temperature", 1.0), ("shift_labels", None)) if n not in names]
+    signature = stock.replace(parameters=params + extra + var_kw)
+    self_name = params[0].name
+
+    @functools.wraps(fn)
+    def forward(self, *args, **kwargs):
+        given = signature.bind(self, *args, **kwargs).arguments
+        given.pop(self_name)
+        for p in var_kw:
+            given.update(given.pop(p.name, {}))
+        return fn(self, **given)
+
+    forward.__signature__ = signature
+    return forward
 
 
 def is_qwen3_5_model(model: nn.Module) -> bool:
@@ -89,11 +124,7 @@ def _base_class(module: nn.Module) -> type:
 def _fused_forward_fns():
     from verl.models.transformers import qwen3_5
 
-    return {
-        "torch": qwen3_5.forward_with_torch_backend,
-        "triton": qwen3_5.forward_with_triton_backend,
-        "normal": qwen3_5.forward_with_normal_backend,
-    }
+    return {"torch": qwen3_5.forward_with_torch_backend, "triton": qwen3_5.forward_with_triton_backend}
 
 
 def patch_forward_with_backends(
@@ -108,7 +139,7 @@ def patch_forward_with_backends(
         raise ValueError(f"fused_kernels_backend must be 'torch' or 'triton', got {fused_kernels_backend!r}")
     if not (hasattr(model, "lm_head") and hasattr(model, "model")):
         raise ValueError(f"fused kernels need a causal LM with .model and .lm_head, got {type(model).__name__}")
-    _bind(model, _fused_forward_fns()[backend])
+    _bind(model, with_stock_signature(_base_class(model), _fused_forward_fns()[backend]))
     model._verl_fused_kernels_backend = backend
 
 

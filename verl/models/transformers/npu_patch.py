@@ -129,7 +129,7 @@ def moe_experts_forward(self, hidden_states, top_k_index, top_k_weights):
 
 
 def _targets(model_type: str):
-    """(owner, attribute, replacement) triples for one model family."""
+    """(owner, attribute, replacement) triples for one Qwen3.5 family (``ModelSpec.family``: which modeling file)."""
     if model_type == "qwen3_5":
         mod = importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5")
         prefix, mlps = "Qwen3_5", ("Qwen3_5MLP",)
@@ -178,10 +178,10 @@ def apply_npu_patches_for_model(hf_config) -> list[str]:
 
     if get_device_name() != "npu":
         return []
-    family = get_model_spec(hf_config).family
-    if family not in ("qwen3_5", "qwen3_5_moe"):
+    spec = get_model_spec(hf_config)
+    if spec.patches != "qwen3_5":
         return []  # no fused NPU forwards for other architectures: their stock forward runs
-    return apply_npu_patches((family,))
+    return apply_npu_patches((spec.family,))  # which modeling file (dense or MoE) to patch
 
 
 def revert_npu_patches() -> None:

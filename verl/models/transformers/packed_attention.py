@@ -68,21 +68,36 @@ def torch_varlen_causal(q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> t
 BACKEND_ENV = "VERL_PACKED_ATTN_BACKEND"
 
 
-def packed_attention_backend(q: torch.Tensor, dropout: float = 0.0) -> str:
-    """Which kernel :func:`varlen_causal_attention` uses for ``q``: flash_attn, torch_varlen or sdpa."""
+def forced_backend() -> Optional[str]:
+    """The backend ``VERL_PACKED_ATTN_BACKEND`` forces, or None for ``auto``."""
     forced = os.environ.get(BACKEND_ENV, "auto").lower()
-    fast = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-    if forced != "auto":
-        if forced not in ("flash_attn", "torch_varlen", "sdpa"):
-            raise ValueError(f"{BACKEND_ENV}={forced!r}: expected auto, flash_attn, torch_varlen or sdpa")
+    if forced == "auto":
+        return None
+    if forced not in ("flash_attn", "torch_varlen", "sdpa"):
+        raise ValueError(f"{BACKEND_ENV}={forced!r}: expected auto, flash_attn, torch_varlen or sdpa")
+    return forced
+
+
+def select_backend(fast: bool, dropout: float = 0.0) -> str:
+    """flash_attn, torch_varlen or sdpa, for tensors that can take the fast kernels (``fast``: half precision
+    on CUDA) or not. Also what :mod:`verl.models.kernels` reports at start-up, so the report is the choice."""
+    forced = forced_backend()
+    if forced is not None:
         return forced
     if fast and _flash_varlen() is not None:
         return "flash_attn"
     if fast and dropout == 0.0 and _torch_varlen() is not None:
         return "torch_varlen"
-    if fast:
-        _warn_padded_fallback()
     return "sdpa"
+
+
+def packed_attention_backend(q: torch.Tensor, dropout: float = 0.0) -> str:
+    """Which kernel :func:`varlen_causal_attention` uses for ``q``: flash_attn, torch_varlen or sdpa."""
+    fast = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    backend = select_backend(fast, dropout)
+    if fast and backend == "sdpa" and forced_backend() is None:
+        _warn_padded_fallback()
+    return backend
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,17 +10,24 @@ Every text forward runs on one packed row internally:
 The description of the packed row (:class:`PackedSeqInfo`) is handed explicitly to every decoder layer,
 Gated DeltaNet block and attention block, which are all replaced (per instance) by the forwards below and in
 ``gated_deltanet.py`` / ``packed_attention.py``. Generation with a KV cache falls back to the stock forward.
+
+The causal-LM head's forward is one of three backends (``monkey_patch`` picks): ``forward_with_normal_backend``
+(logits, and the MoE load-balancing loss when router logits are asked for), ``forward_with_torch_backend`` and
+``forward_with_triton_backend`` (fused per-token log-probs and entropy). The vision tower runs
+:func:`vision_forward`, whose position embeddings come from :func:`fast_pos_embed_interpolate` (device-safe under
+FSDP2 CPU offload).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
-from transformers.modeling_outputs import BaseModelOutputWithPast, MoeModelOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, BaseModelOutputWithPooling, MoeModelOutputWithPast
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5CausalLMOutputWithPast
 
 from verl.utils import ulysses as uly
@@ -222,9 +229,10 @@ def text_model_forward(
         packed = PackedSeqInfo(cu, max_len, None)
 
     position_embeddings = self.rotary_emb(hidden_states, rope_rows)
-    for layer in self.layers[: self.config.num_hidden_layers]:
-        # hidden_states positional: HF's reentrant checkpointing only tracks grads of positional tensors.
-        hidden_states = layer(hidden_states, position_embeddings=position_embeddings, packed=packed)
+    with recording_router_logits(self, bool(kwargs.get("output_router_logits"))) as router_logits:
+        for layer in self.layers[: self.config.num_hidden_layers]:
+            # hidden_states positional: HF's reentrant checkpointing only tracks grads of positional tensors.
+            hidden_states = layer(hidden_states, position_embeddings=position_embeddings, packed=packed)
     hidden_states = self.norm(hidden_states)
 
     if sp is None:
@@ -232,8 +240,33 @@ def text_model_forward(
             full = hidden_states.new_zeros(batch * local_len, hidden)
             hidden_states = full.index_copy(0, index, hidden_states[0])
         hidden_states = hidden_states.reshape(batch, local_len, hidden)
-    out_cls = MoeModelOutputWithPast if "moe" in modeling_module_name(self) else BaseModelOutputWithPast
-    return out_cls(last_hidden_state=hidden_states)
+    if "moe" in modeling_module_name(self):
+        routers = None if router_logits is None else tuple(router_logits)
+        return MoeModelOutputWithPast(last_hidden_state=hidden_states, router_logits=routers)
+    return BaseModelOutputWithPast(last_hidden_state=hidden_states)
+
+
+@contextlib.contextmanager
+def recording_router_logits(text_model, wanted: bool):
+    """Collect every MoE router's logits during the layer loop (what the stock model's output recorder gathers
+    for the load-balancing loss): yields the list they are appended to, or None when not wanted or dense.
+
+    The routers see the packed real tokens only (pads never reach them), so the loss needs no attention mask."""
+    recorder = (getattr(type(text_model), "_can_record_outputs", None) or {}).get("router_logits")
+    if not wanted or recorder is None:
+        yield None
+        return
+    record: list = []
+
+    def keep(module, args, output):
+        record.append(output[recorder.index] if isinstance(output, (tuple, list)) else output)
+
+    handles = [m.register_forward_hook(keep) for m in text_model.modules() if isinstance(m, recorder.target_class)]
+    try:
+        yield record
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -318,10 +351,13 @@ def vl_model_forward(
         inputs_embeds = uly.slice_input_tensor(inputs_embeds, dim=1, padding=False, group=sp)
 
     lm_inputs = {"inputs_embeds": inputs_embeds, "attention_mask": attention_mask, "position_ids": position_ids}
-    hidden = self.language_model(use_cache=False, cu_seqlens=cu_seqlens, **lm_inputs).last_hidden_state
+    routers = {"output_router_logits": True} if kwargs.get("output_router_logits") else {}
+    lm_out = self.language_model(use_cache=False, cu_seqlens=cu_seqlens, **lm_inputs, **routers)
     out_mod = importlib.import_module(modeling_module_name(self))
-    out_cls = getattr(out_mod, "Qwen3_5MoeModelOutputWithPast", None) or getattr(out_mod, "Qwen3_5ModelOutputWithPast")
-    return out_cls(last_hidden_state=hidden)
+    moe_cls = getattr(out_mod, "Qwen3_5MoeModelOutputWithPast", None)
+    if moe_cls is not None:
+        return moe_cls(last_hidden_state=lm_out.last_hidden_state, router_logits=lm_out.router_logits)
+    return out_mod.Qwen3_5ModelOutputWithPast(last_hidden_state=lm_out.last_hidden_state)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -383,6 +419,10 @@ def fast_pos_embed_interpolate(visual, grid_thw: torch.Tensor, device=None) -> t
     Indices and weights are built on ``device`` (default: grid_thw's), never on the embedding weight's device,
     and the table is read through ``visual.pos_embed(...)`` so FSDP2's hooks unshard it (no DTensor access).
     """
+    mode = (getattr(visual, "interpolation_mode", "bilinear"), getattr(visual, "interpolation_align_corners", True))
+    if mode != ("bilinear", True):
+        raise NotImplementedError(f"vision position embeddings resampled with (mode, align_corners)={mode}; only "
+                                  "bilinear with align_corners=True (Qwen3.5's) is implemented")
     device = grid_thw.device if device is None else device
     side = visual.num_grid_per_side
     idx, wts = vision_interp_indices_weights(grid_thw, side, visual.spatial_merge_size, device)
@@ -391,13 +431,31 @@ def fast_pos_embed_interpolate(visual, grid_thw: torch.Tensor, device=None) -> t
 
 
 def vision_forward(self, hidden_states, grid_thw, **kwargs):
-    """Stock vision forward, fed with interpolation indices built on the pixels' device."""
+    """Replacement for Qwen3_5VisionModel.forward / Qwen3_5MoeVisionModel.forward: the stock vision tower, with
+    its learned position embeddings from :func:`fast_pos_embed_interpolate` on the pixels' device.
+
+    The stock forward builds its interpolation indices (and rotary positions and attention boundaries) on
+    ``grid_thw``'s device, which processors leave on the CPU; under FSDP2 CPU offload the table it reads is
+    unsharded on the GPU, so the lookup mixes devices. Here everything derived from ``grid_thw`` lives where the
+    pixels are, and the table is read through the module call FSDP2 hooks.
+    """
+    from transformers.vision_utils import get_vision_attention_seqlens, get_vision_position_ids
+
     device = hidden_states.device
     grid_thw = grid_thw.to(device)
-    idx, wts = vision_interp_indices_weights(grid_thw, self.num_grid_per_side, self.spatial_merge_size, device)
-    kwargs.setdefault("interp_indices", idx)
-    kwargs.setdefault("interp_weights", wts)
-    return type(self).forward(self, hidden_states, grid_thw=grid_thw, **kwargs)
+    position_ids = get_vision_position_ids(grid_thw, self.spatial_merge_size, kwargs=kwargs)
+    cu_seqlens, max_seqlen = get_vision_attention_seqlens(grid_thw, self.config, kwargs=kwargs)
+    for key in ("interp_indices", "interp_weights"):  # precomputed lookups of the stock path: ours replace them
+        kwargs.pop(key, None)
+    hidden_states = self.patch_embed(hidden_states)
+    pos_embeds = fast_pos_embed_interpolate(self, grid_thw, device)
+    hidden_states = hidden_states + pos_embeds.to(hidden_states.dtype)
+    position_embeddings = self.rotary_pos_emb(hidden_states, position_ids)
+    hidden_states = hidden_states.reshape(hidden_states.shape[0], -1)
+    for block in self.blocks:
+        hidden_states = block(hidden_states, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                              position_embeddings=position_embeddings, **kwargs)
+    return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=self.merger(hidden_states))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -409,20 +467,60 @@ def vision_forward(self, hidden_states, grid_thw, **kwargs):
 class Qwen3_5CausalLMOutputForPPO(Qwen3_5CausalLMOutputWithPast):
     log_probs: Optional[torch.FloatTensor] = None
     entropy: Optional[torch.FloatTensor] = None
+    aux_loss: Optional[torch.FloatTensor] = None  # MoE load-balancing loss, when router logits were asked for
+    router_logits: Optional[tuple] = None
 
 
 def _split_head_kwargs(kwargs):
-    for key in ("return_dict", "output_attentions", "output_hidden_states", "logits_to_keep", "num_items_in_batch"):
+    for key in ("return_dict", "output_attentions", "output_hidden_states", "num_items_in_batch"):
         kwargs.pop(key, None)
     return kwargs
+
+
+def _stock_forward(self, input_ids, labels, kwargs):
+    """The class's own forward (cached decoding in ``generate``; HF's loss when ``labels`` are given)."""
+    return type(self).forward(self, input_ids=input_ids, labels=labels, **kwargs)
+
+
+def _wants_router_logits(self, kwargs) -> bool:
+    asked = kwargs.pop("output_router_logits", None)
+    if asked is None:
+        from verl.models.registry import get_text_config
+
+        asked = getattr(get_text_config(self.config), "output_router_logits", False)
+    return bool(asked)
+
+
+def _backbone(self, input_ids, kwargs, routers: bool = False):
+    """Final hidden states of the patched model, and with ``routers`` the MoE load-balancing loss (unscaled, as
+    HF returns it) and the router logits it came from."""
+    out = self.model(input_ids=input_ids, **({"output_router_logits": True} if routers else {}), **kwargs)
+    router_logits = getattr(out, "router_logits", None) if routers else None
+    if not router_logits:
+        return out[0], None, None
+    from verl.models.registry import get_text_config
+
+    text = get_text_config(self.config)
+    balance = importlib.import_module(modeling_module_name(self)).load_balancing_loss_func
+    # No attention mask: the patched layers route the real (packed) tokens only.
+    aux_loss = balance(router_logits, text.num_experts, text.num_experts_per_tok, None)
+    return out[0], aux_loss, router_logits
 
 
 def forward_with_normal_backend(
     self, input_ids=None, labels=None, temperature: float = 1.0, shift_labels=None, **kwargs
 ):
-    """Materialised logits (no temperature applied: the caller scales them)."""
-    hidden = self.model(input_ids=input_ids, **_split_head_kwargs(kwargs))[0]
-    return Qwen3_5CausalLMOutputForPPO(logits=self.lm_head(hidden))
+    """Top-level forward of a patched Qwen3.5 causal LM without fused kernels: materialised logits (no temperature
+    applied: the caller scales them), plus the MoE router's load-balancing loss when router logits are on.
+    Cached decoding and ``labels`` (HF's loss) go to the stock forward."""
+    if _wants_cache(kwargs) or labels is not None:
+        return _stock_forward(self, input_ids, labels, kwargs)
+    keep = kwargs.pop("logits_to_keep", 0)
+    routers = _wants_router_logits(self, kwargs)
+    hidden, aux_loss, router_logits = _backbone(self, input_ids, _split_head_kwargs(kwargs), routers)
+    rows = slice(-keep, None) if isinstance(keep, int) else keep
+    logits = self.lm_head(hidden[:, rows, :])
+    return Qwen3_5CausalLMOutputForPPO(logits=logits, aux_loss=aux_loss, router_logits=router_logits)
 
 
 def _rolled_labels(input_ids, labels, shift_labels, local_len: int):
@@ -445,7 +543,14 @@ def _rolled_labels(input_ids, labels, shift_labels, local_len: int):
 def _fused_forward(self, backend: str, input_ids=None, labels=None, temperature=1.0, shift_labels=None, **kwargs):
     from verl.utils.kernel.linear_logprob import linear_log_prob_entropy
 
-    hidden = self.model(input_ids=input_ids, **_split_head_kwargs(kwargs))[0]
+    if _wants_cache(kwargs):  # generation samples from logits: the stock forward computes them
+        return _stock_forward(self, input_ids, None, kwargs)
+    kwargs.pop("logits_to_keep", None)
+    if _wants_router_logits(self, kwargs):
+        raise ValueError("the MoE router load-balancing loss (actor_rollout_ref.model.enable_router_aux_loss, or "
+                         "output_router_logits in the model config) rides on the logits, which fused kernels never "
+                         "materialise: set actor_rollout_ref.model.use_fused_kernels=false or turn the aux loss off")
+    hidden = _backbone(self, input_ids, _split_head_kwargs(kwargs))[0]  # generic causal LMs come here too
     targets = _rolled_labels(input_ids, labels, shift_labels, hidden.shape[1])
     weight = self.lm_head.weight
     if hasattr(weight, "full_tensor"):  # DTensor under FSDP2 when called outside the module's hooks

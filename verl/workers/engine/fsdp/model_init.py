@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from verl.utils.device import get_device_name
+from verl.workers.engine.external_lib import import_external_lib
 
 logger = logging.getLogger(__name__)
 
@@ -39,21 +40,6 @@ def torch_dtype(name: Any, default: torch.dtype, key: str = "dtype") -> torch.dt
     if str(name) not in _DTYPES:
         raise ValueError(f"{key}={name!r} is not a dtype; use one of {sorted(_DTYPES)}")
     return _DTYPES[str(name)]
-
-
-def import_external_lib(model_cfg) -> None:
-    """``model.external_lib``: import the named module(s) before the model is built, so custom HF models
-    register themselves with transformers' Auto classes (upstream's key)."""
-    libs = model_cfg.get("external_lib") if model_cfg is not None else None
-    if not libs:
-        return
-    for name in [libs] if isinstance(libs, str) else list(libs):
-        try:
-            importlib.import_module(str(name))
-        except ImportError as exc:
-            raise ImportError(f"model.external_lib={name!r} could not be imported ({exc}); install it or fix the "
-                              "module name") from exc
-        logger.info("imported model.external_lib %s", name)
 
 
 def apply_liger(model: torch.nn.Module) -> None:
@@ -84,11 +70,11 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
     device = get_device_name()
     on_cpu = device == "cpu"
     # Master weights in fsdp_config.model_dtype (fp32 by default, as upstream); bf16 compute on accelerators
-    # through the mixed-precision policy below. override_config entries are config kwargs of from_pretrained.
+    # through the mixed-precision policy below. override_config entries are set on the HF config.
     dtype = torch_dtype(fsdp_cfg.get("model_dtype"), torch.float32, "fsdp_config.model_dtype")
     model = load_hf_model(path, dtype=dtype, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
                           declared_model_type=model_cfg.get("model_type"),
-                          **dict(model_cfg.get("override_config") or {}))
+                          config_overrides=model_cfg.get("override_config"))
     from verl.models.moe_router import configure_moe_router
 
     configure_moe_router(model, model_cfg, role)  # MoE: router aux loss off in RL unless enable_router_aux_loss
