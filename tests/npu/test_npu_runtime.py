@@ -99,24 +99,38 @@ def test_hccl_pair_broadcast_lands_in_device_buffers(tmp_path):
     peer.join(60)
 
 
+@pytest.mark.parametrize("standalone", [False, True], ids=["colocated", "server"])
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_vllm_ascend_sync_matches_a_fresh_engine(tmp_path, kind):
+def test_vllm_ascend_sync_matches_a_fresh_engine(tmp_path, kind, standalone):
+    """Colocated: fused MoE experts are written straight into vLLM-Ascend's runtime layout. Server
+    (``standalone=True``, what a rollout server process builds): every full sync is a checkpoint-format reload,
+    after which the MoE layers the loader left in checkpoint layout are post-processed again
+    (``_post_process_reloaded_experts``). Either way the synced engine must score like a fresh one."""
     pytest.importorskip("vllm_ascend")
     os.environ.setdefault("VLLM_ASCEND_ENABLE_NZ", "0")
     from tests.vllm_testing import fresh_engine_scores, model_config, rollout_config, sgd_step, trainer_logprobs
     from tests.vllm_testing import build_engine_checkpoint
-    from verl.workers.rollout.vllm_rollout.vllm_rollout import vLLMRollout
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import uses_runtime_expert_writer, vLLMRollout
     from verl.workers.weight_sync import iter_hf_weights
 
     hf = build_engine_checkpoint(tmp_path / "m", kind)
-    rollout = vLLMRollout(rollout_config(free_cache_engine=False), model_config(tmp_path / "m"), tokenizer=None)
+    rollout = vLLMRollout(rollout_config(free_cache_engine=False), model_config(tmp_path / "m"), tokenizer=None,
+                          standalone=standalone)
+    post_processed = []
+    original = rollout._post_process_reloaded_experts
+    rollout._post_process_reloaded_experts = lambda: (post_processed.append(True), original())[1]
     try:
         assert rollout.ascend and rollout.layout.expert_format == "per_expert"  # vLLM-Ascend names chosen
+        assert rollout.full_reload is standalone
+        writer = uses_runtime_expert_writer(rollout.layout, ascend=True, standalone=standalone)
+        assert writer is (kind == "moe" and not standalone)
         sgd_step(hf, SEQ, lr=0.3)
         rollout.update_weights(iter_hf_weights(hf, dtype=torch.bfloat16))
         synced = torch.tensor(rollout.score([SEQ])[0])
     finally:
         rollout.shutdown()
+    # the server-side reload path (post-load processing after a checkpoint-format reload) ran for MoE only
+    assert post_processed == ([True] if kind == "moe" and standalone else [])
     fresh = fresh_engine_scores(hf, tmp_path / "m", tmp_path / "fresh", SEQ)
     assert (synced - fresh).abs().max().item() < 0.05
     assert (synced - trainer_logprobs(hf, SEQ)).abs().max().item() < 0.1

@@ -55,3 +55,40 @@ def test_hub_id_missing_offline_is_one_paragraph(tmp_path, monkeypatch):
 def test_not_a_dir_nor_hub_id(tmp_path):
     with pytest.raises(UserFacingError, match="not a directory and not a Hugging Face Hub id"):
         resolve_model_path(str(tmp_path / "missing" / "deeper" / "x"))
+
+
+def test_model_config_dir_reads_dicts_and_dictconfigs(tmp_path, monkeypatch):
+    """Engines and the rollout resolve ``model.path`` through this; the section's use_shm decides staging."""
+    from omegaconf import OmegaConf
+
+    from verl.utils import model_path as mp
+
+    staged = []
+    monkeypatch.setattr("verl.utils.fs.copy_to_shm", lambda p: staged.append(p) or "/dev/shm/x")
+    assert mp.model_config_dir({"path": str(tmp_path)}) == str(tmp_path)
+    assert mp.model_config_dir(OmegaConf.create({"path": str(tmp_path), "use_shm": True})) == "/dev/shm/x"
+    assert staged == [str(tmp_path)]
+    # use_shm=False wins over the section (the tokenizer is never staged)
+    assert mp.model_config_dir({"path": str(tmp_path), "use_shm": True}, use_shm=False) == str(tmp_path)
+    assert mp.model_config_dir({"tokenizer_path": str(tmp_path)}, key="tokenizer_path") == str(tmp_path)
+
+
+def test_model_config_dir_unset_or_bad_names_the_key(tmp_path):
+    from verl.utils.model_path import model_config_dir
+
+    with pytest.raises(UserFacingError, match=r"^Model error: critic\.model\.path is not set"):
+        model_config_dir({"path": None}, what="critic.model.path")
+    with pytest.raises(UserFacingError, match=r"actor_rollout_ref\.model\.tokenizer_path='.*' is not a directory"):
+        model_config_dir({"tokenizer_path": str(tmp_path / "a" / "b" / "c")}, key="tokenizer_path")
+
+
+def test_model_config_dir_resolves_hub_ids(tmp_path, monkeypatch):
+    snap = _fake_hf_cache(tmp_path, "Qwen/Qwen3.5-9B")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    from verl.utils.model_path import model_config_dir
+
+    assert model_config_dir({"path": "Qwen/Qwen3.5-9B"}) == str(snap)

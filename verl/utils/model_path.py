@@ -13,7 +13,7 @@ import re
 
 from verl.utils.user_errors import UserFacingError
 
-__all__ = ["is_hub_id", "resolve_model_path"]
+__all__ = ["is_hub_id", "model_config_dir", "resolve_model_path"]
 
 # `name` or `org/name`, as the Hub spells repository ids (no leading dot/slash, no `..`).
 _HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
@@ -63,3 +63,17 @@ def _download(repo_id: str, what: str, revision: str | None) -> str:
             f"Where a hub is reachable, download it once (`huggingface-cli download {repo_id}`) so the cache "
             f"has it and run with HF_HUB_OFFLINE=1, or point {what} at a local checkpoint directory; "
             "check the id's spelling and HF_TOKEN for gated models.") from err
+
+
+def model_config_dir(model_cfg, key: str = "path", what: str | None = None, use_shm: bool | None = None) -> str:
+    """The local directory of a model section's ``key`` (``path``, ``tokenizer_path``), a plain dict or a
+    DictConfig: :func:`resolve_model_path` with the section's ``use_shm`` unless ``use_shm`` is given."""
+    get = model_cfg.get if hasattr(model_cfg, "get") else (lambda k, d=None: getattr(model_cfg, k, d))
+    what = what or f"actor_rollout_ref.model.{key}"
+    value = get(key, None)
+    if value is None or str(value) == "":
+        raise UserFacingError("Model", f"{what} is not set", "Point it at a local Hugging Face checkpoint "
+                              "directory or at a hub id like Qwen/Qwen3.5-9B.")
+    if use_shm is None:
+        use_shm = bool(get("use_shm", False))
+    return resolve_model_path(value, use_shm=use_shm, what=what)

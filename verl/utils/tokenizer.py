@@ -4,26 +4,27 @@ Shared by every training engine (FSDP, Megatron), the rollout and the trainer's 
 
 from __future__ import annotations
 
-import os
-
 __all__ = ["load_tokenizer_and_processor", "local_model_path"]
 
 
-def local_model_path(model_cfg) -> str:
-    # A local directory, or a hub id fetched into (or found in) the HF cache: verl/utils/model_path.py.
-    from verl.utils.model_path import resolve_model_path
+def local_model_path(model_cfg, section: str = "actor_rollout_ref.model") -> str:
+    """A local directory, or a hub id fetched into (or found in) the HF cache (verl/utils/model_path.py);
+    ``section`` names the config section in errors (``model`` for the SFT trainer)."""
+    from verl.utils.model_path import model_config_dir
 
-    return resolve_model_path(model_cfg.path, use_shm=bool(model_cfg.get("use_shm", False)))
+    return model_config_dir(model_cfg, "path", what=f"{section}.path")
 
 
-def load_tokenizer_and_processor(model_cfg):
-    """Tokenizer (must have a chat template) and, for VL checkpoints, the processor."""
+def load_tokenizer_and_processor(model_cfg, section: str = "actor_rollout_ref.model"):
+    """Tokenizer (must have a chat template) and, for VL checkpoints, the processor. ``tokenizer_path``,
+    when set, is resolved like ``path`` (local directory or hub id)."""
     from transformers import AutoTokenizer
 
+    from verl.utils.model_path import model_config_dir
     from verl.utils.processor import load_processor
 
-    path = local_model_path(model_cfg)
-    tok_path = os.path.expanduser(str(model_cfg.get("tokenizer_path") or path))
+    key = "tokenizer_path" if model_cfg.get("tokenizer_path") else "path"
+    tok_path = model_config_dir(model_cfg, key, what=f"{section}.{key}")
     trust = bool(model_cfg.get("trust_remote_code", False))
     tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=trust)
     custom = model_cfg.get("custom_chat_template")
@@ -31,7 +32,7 @@ def load_tokenizer_and_processor(model_cfg):
         tokenizer.chat_template = custom
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
-            f"the tokenizer at {tok_path} has no chat template; set actor_rollout_ref.model.custom_chat_template "
+            f"the tokenizer at {tok_path} has no chat template; set {section}.custom_chat_template "
             "or use a checkpoint whose tokenizer_config.json defines one"
         )
     if tokenizer.pad_token_id is None:

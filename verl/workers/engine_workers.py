@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.protocol import DataProto
 from verl.single_controller.decorator import Dispatch, register
 from verl.single_controller.worker import Worker
-from verl.utils.device import get_device_name
+from verl.utils.device import get_device_name, resolve_trainer_device
 from verl.utils.tokenizer import load_tokenizer_and_processor
 from verl.workers.engine import EngineRegistry
 
@@ -73,7 +73,9 @@ class ActorRolloutRefWorker(Worker):
         self._is_actor = "actor" in role
         self._is_rollout = "rollout" in role
         self._is_ref = "ref" in role
-        self.device = get_device_name()
+        requested = OmegaConf.select(self.full_config, "trainer.device", default=None)
+        # trainer.device is honoured as far as the host allows; a mismatch is announced (once, by rank 0).
+        self.device = resolve_trainer_device(requested) if requested and self.rank == 0 else get_device_name()
 
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -203,14 +205,6 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("max_token_len", s.get("log_prob_max_token_len_per_gpu") or 16384)
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
 
-    # ------------------------------------------------------------------ log-probs
-    def _log_prob_meta(self, data: DataProto, section: str) -> None:
-        s = self.config[section]
-        data.meta_info.setdefault("micro_batch_size", s.get("log_prob_micro_batch_size_per_gpu") or 8)
-        data.meta_info.setdefault("use_dynamic_bsz", bool(s.get("log_prob_use_dynamic_bsz", False)))
-        data.meta_info.setdefault("max_token_len", s.get("log_prob_max_token_len_per_gpu") or 16384)
-        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
-
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         self._log_prob_meta(data, "rollout")
@@ -272,7 +266,7 @@ class CriticWorker(Worker):
                                                 "critic.ppo_mini_batch_size*rollout.n")
             if cfg.get("ppo_micro_batch_size") and not cfg.get("ppo_micro_batch_size_per_gpu"):
                 cfg.ppo_micro_batch_size_per_gpu = _per_rank(cfg.ppo_micro_batch_size, dp, "critic.ppo_micro_batch_size")
-        self.tokenizer, _ = load_tokenizer_and_processor(cfg.model)
+        self.tokenizer, _ = load_tokenizer_and_processor(cfg.model, section="critic.model")
         self.critic_engine = build_engine(cfg, cfg.model, "critic", trainable=True, processing_class=self.tokenizer)
         self.critic_engine.initialize()
         self.critic = PPOCritic(cfg, self.critic_engine)

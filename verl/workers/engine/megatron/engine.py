@@ -65,18 +65,39 @@ class MegatronEngine(BaseEngine):
         self._resident = {"model": True, "grad": True, "optimizer": True}
         self._hf_rollout: Optional[torch.nn.Module] = None
         self.processing_class = kwargs.get("processing_class")
+        self._model_dir: Optional[str] = None
+
+    @property
+    def model_path(self) -> str:
+        """``model.path`` as a local directory (a hub id is resolved through the HF cache, as the FSDP engine
+        does; ``use_shm`` stages it in /dev/shm)."""
+        if self._model_dir is None:  # resolved once: a hub id asks the hub (or its cache) only the first time
+            from verl.utils.model_path import model_config_dir
+
+            self._model_dir = model_config_dir(self.model_config, what=f"{self._model_section}.path")
+        return self._model_dir
+
+    @property
+    def _model_section(self) -> str:
+        return "critic.model" if self.role == "critic" else "actor_rollout_ref.model"
 
     # ------------------------------------------------------------------ life cycle
     def initialize(self) -> None:
         from transformers import AutoConfig
 
         from verl.models.mcore import registry
+        from verl.models.registry import apply_config_overrides
+        from verl.workers.engine.external_lib import import_external_lib
 
         s = self.settings
         build.init_parallel_state(s)
-        path = _cfg_get(self.model_config, "path")
+        import_external_lib(self.model_config)  # custom models register themselves before the config is read
+        path = self.model_path  # a local directory, hub ids fetched into the HF cache
         trust = bool(_cfg_get(self.model_config, "trust_remote_code", False))
         self.hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
+        # model.override_config edits the HF config the mcore config and the weight mapping are derived from,
+        # exactly as on FSDP (one helper for both engines).
+        apply_config_overrides(self.hf_config, _cfg_get(self.model_config, "override_config", None))
         overrides = dict(s.override_transformer_config)
         for key, value in list(overrides.items()):
             if value is None:  # null = megatron-core's default (upstream's yaml lists the recompute keys so)
@@ -219,8 +240,9 @@ class MegatronEngine(BaseEngine):
         pp, vpp = self.settings.pp, (self.settings.vpp or 1)
         if meta.get("use_dynamic_bsz", False):
             budget = int(meta["max_token_len"])
+            key = {"budget_key": meta["max_token_len_key"]} if meta.get("max_token_len_key") else {}
             tds, groups = rearrange_micro_batches(batch, max_token_len=budget, dp_group=self.dp_group,
-                                                  num_batches_divided_by=pp if vpp > 1 else None)
+                                                  num_batches_divided_by=pp if vpp > 1 else None, **key)
         else:
             size = int(meta.get("micro_batch_size") or len(data))
             n = len(data)

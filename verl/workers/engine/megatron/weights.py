@@ -197,7 +197,7 @@ def build_hf_module(engine: "MegatronEngine") -> torch.nn.Module:
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
     dtype = torch.bfloat16 if engine.settings.dtype == "bfloat16" else torch.float32
-    module = load_hf_model(engine.model_config.get("path"), dtype=dtype, for_vl=False,
+    module = load_hf_model(engine.model_path, dtype=dtype, for_vl=False,
                            trust_remote_code=bool(engine.model_config.get("trust_remote_code", False)))
     apply_monkey_patch(module)
     return module.to(torch.device("cuda", torch.cuda.current_device())).eval()

@@ -114,12 +114,14 @@ def build_llm_kwargs(
     is_vl: bool = False,
     seed: Optional[int] = None,
     standalone: bool = False,
+    model_path: Optional[str] = None,
 ) -> dict:
     """Keyword arguments for ``vllm.LLM`` from the rollout and model configs.
 
     ``on_gpu``: a GPU/NPU engine (sleep mode when ``free_cache_engine`` and ``enable_sleep_mode``); colocated
     with the trainer it runs one shard per trainer rank through vLLM's external launcher, ``standalone`` (a
     rollout server process) lets vLLM pick its executor. Otherwise the CPU build (single process, no sleep).
+    ``model_path``: the checkpoint directory ``model.path`` resolved to (hub ids); default ``model.path``.
     """
     prompt_len = int(_get(config, "prompt_length", 512))
     response_len = int(_get(config, "response_length", 512))
@@ -131,7 +133,7 @@ def build_llm_kwargs(
     dtype = str(_get(config, "dtype", "bfloat16"))
     tp = int(_get(config, "tensor_model_parallel_size", 1))
     kw: dict[str, Any] = dict(
-        model=str(_get(model_config, "local_path") or _get(model_config, "path")),
+        model=str(model_path or _get(model_config, "path")),
         tokenizer=None,
         skip_tokenizer_init=True,  # token ids in and out; the trainer owns the tokenizer
         dtype=_DTYPE_ALIASES.get(dtype, dtype),

@@ -65,14 +65,21 @@ def _server_main(conn, engine_cls: str, config: dict, model_config: dict, comm_i
             if dev.type == "npu":
                 import torch_npu  # noqa: F401  (registers torch.npu in this fresh process)
             getattr(torch, dev.type).set_device(dev)
+        # A spawned process has none of the trainer's imports: model.external_lib registers custom models
+        # (transformers Auto classes, rollout weight loaders) before the engine is built and looks them up.
+        from verl.workers.engine.external_lib import import_external_lib
+
+        import_external_lib(model_config)
         engine = _load(engine_cls)(OmegaConf.create(config), OmegaConf.create(model_config), tokenizer=None,
                                    standalone=True)
-        store = torch.distributed.FileStore(comm_info["store_path"], 2)
-        comm = PairCommunicator(comm_info["backend"], store, rank=1, world_size=2, device=device)
-        conn.send(("ready", None))
     except Exception:  # report start-up failures instead of leaving the client waiting
         conn.send(("error", traceback.format_exc()))
         return
+    # "ready" before the collective: the client joins the two-rank group only once the engine exists (a
+    # client that joined first would wait forever for a server whose engine failed to build).
+    conn.send(("ready", None))
+    store = torch.distributed.FileStore(comm_info["store_path"], 2)
+    comm = PairCommunicator(comm_info["backend"], store, rank=1, world_size=2, device=device)
     while True:
         cmd, payload = conn.recv()
         try:
@@ -156,13 +163,16 @@ class vLLMServerClient(BaseRollout):
             daemon=True,
         )
         self._proc.start()
-        store = torch.distributed.FileStore(store_path, 2)
-        self._comm = PairCommunicator(self.backend, store, rank=0, world_size=2, device=self.device)
         if not self._conn.poll(start_timeout):
-            raise TimeoutError("rollout server did not start in time")
+            self._proc.terminate()
+            raise TimeoutError(f"rollout server did not build its engine within {start_timeout:.0f}s")
         status, detail = self._conn.recv()
         if status != "ready":
+            self._proc.join(timeout=60)
+            self._proc = None
             raise RuntimeError(f"rollout server failed to start:\n{detail}")
+        store = torch.distributed.FileStore(store_path, 2)
+        self._comm = PairCommunicator(self.backend, store, rank=0, world_size=2, device=self.device)
 
     def _call(self, cmd: str, payload: Any = None):
         self._conn.send((cmd, payload))

@@ -62,22 +62,19 @@ def _accelerator() -> Optional[str]:
     return None if name == "cpu" else name
 
 
-def _is_qwen3_5(hf_config) -> bool:
+def sync_layout(hf_config, engine_names, *, ascend: bool) -> Optional[Qwen35Layout]:
+    """The name rules a full sync applies before the engine's loader: the layout class the model spec names
+    (``ModelSpec.weight_sync_layout``; Qwen3.5's covers the vision tower, MTP head, tied head, shard-level
+    coverage, and per-expert checkpoint names on vLLM-Ascend, whose MoE loader needs them), or None for an
+    architecture whose spec names none (its tensors go to vLLM's loader untouched)."""
     from verl.models.registry import get_model_spec
 
-    return get_model_spec(hf_config).family.startswith("qwen3_5")
-
-
-def sync_layout(hf_config, engine_names, *, ascend: bool) -> Optional[Qwen35Layout]:
-    """The name rules a full sync applies before the engine's loader: Qwen3.5's layout (vision tower, MTP head,
-    tied head, shard-level coverage; per-expert checkpoint names on vLLM-Ascend, whose MoE loader needs them),
-    or None for any other architecture (its tensors go to vLLM's loader untouched)."""
-    if not _is_qwen3_5(hf_config):
+    layout_cls = get_model_spec(hf_config).resolve("weight_sync_layout")
+    if layout_cls is None:
         return None
     fmt = "per_expert" if ascend else "fused"
-    return Qwen35Layout.from_hf_config(hf_config, language_model_only=True, expert_format=fmt).matching_engine(
-        engine_names
-    )
+    layout = layout_cls.from_hf_config(hf_config, language_model_only=True, expert_format=fmt)
+    return layout.matching_engine(engine_names)
 
 
 def uses_runtime_expert_writer(layout: Optional[Qwen35Layout], *, ascend: bool, standalone: bool) -> bool:
@@ -109,13 +106,16 @@ class vLLMRollout(BaseRollout):
 
         from transformers import AutoConfig
 
-        path = str(model_config.get("local_path") or model_config.get("path"))
+        from verl.utils.model_path import model_config_dir
+
+        # A hub id becomes its directory in the HF cache, as for the trainer (the engine and sync read files).
+        path = model_config_dir(model_config)
         trust = bool(model_config.get("trust_remote_code", False))
         self.hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
         is_vl = hasattr(self.hf_config, "vision_config")
         self.lora_rank = int(model_config.get("lora_rank", 0) or 0)
         kwargs = build_llm_kwargs(config, model_config, on_gpu=self.device is not None, is_vl=is_vl,
-                                  standalone=standalone)
+                                  standalone=standalone, model_path=path)
         self.free_cache_engine = bool(config.get("free_cache_engine", True)) if hasattr(config, "get") else True
         self.llm = self._create_engine(kwargs)
         self._sleep_supported = self._sleep_mode_available() and kwargs.get("enable_sleep_mode", False)
