@@ -80,3 +80,18 @@ def test_reward_function_that_raises(tmp_path):
     proc, _ = run_main_ppo(tmp_path, [f"reward.custom_reward_function.path={fn}", "trainer.launcher=local",
                                       *SHORT], check=False)
     _assert_one_paragraph(proc, "Reward error:", "ZeroDivisionError", "bad scorer", str(fn))
+
+
+def test_reward_manager_without_reward_tensor(tmp_path):
+    """A custom reward manager whose dict lacks 'reward_tensor': the check runs after the guarded call, in
+    compute_reward, and still ends in one paragraph naming the manager and the expected keys."""
+    module = tmp_path / "my_manager.py"
+    module.write_text("class NoTensor:\n"
+                      "    def __init__(self, **kwargs):\n"
+                      "        pass\n"
+                      "    def __call__(self, data, return_dict=False):\n"
+                      "        return {'scores': [0.0] * len(data)}\n")
+    proc, _ = run_main_ppo(tmp_path, ["reward.reward_manager.source=importlib", "reward.reward_manager.name=NoTensor",
+                                      f"reward.reward_manager.module.path={module}", "trainer.launcher=local",
+                                      *SHORT], check=False)  # fails in the validation before training
+    _assert_one_paragraph(proc, "Reward error:", "NoTensor", "'reward_tensor'", "['scores']")

@@ -98,6 +98,23 @@ def test_rearrange_errors():
         sb.rearrange_micro_batches(_batch([1, 1, 1], 2), max_token_len=8, force_group_size=2)
 
 
+def test_rearrange_errors_name_the_callers_budget_key():
+    """The budget's config key depends on the caller (RL actor, log-prob pass, SFT): the errors name the one
+    given, and the RL actor's by default."""
+    batch = _batch([3, 9], width=9)
+    with pytest.raises(ValueError, match=r"raise ppo_max_token_len_per_gpu to at least 9"):
+        sb.rearrange_micro_batches(batch, max_token_len=8)
+    with pytest.raises(ValueError) as err:
+        sb.rearrange_micro_batches(batch, max_token_len=8, budget_key="data.max_token_len_per_gpu")
+    assert "raise data.max_token_len_per_gpu to at least 9" in str(err.value)
+    assert "ppo_max_token_len_per_gpu" not in str(err.value)
+    with pytest.raises(ValueError, match=r"data.max_token_len_per_gpu\) must be positive"):
+        sb.rearrange_micro_batches(batch, max_token_len=0, budget_key="data.max_token_len_per_gpu")
+    data = DataProto.from_dict(tensors=dict(batch.items()))
+    with pytest.raises(ValueError, match="raise my.budget to at least 9"):
+        sb.prepare_dynamic_batch(data, max_token_len=8, budget_key="my.budget")
+
+
 def test_rearrange_nested_input_ids():
     ids = torch.nested.as_nested_tensor([torch.arange(n) for n in (4, 1, 3, 2)], layout=torch.jagged)
     batch = TensorDict({"input_ids": ids, "row": torch.arange(4)}, [4])

@@ -152,7 +152,8 @@ def help_text(config_dir: Optional[Path] = None) -> str:
         "",
         "== Overrides ==",
         "key=value sets a key; +key=value adds one below a free-form node (override_config, engine_kwargs.*,",
-        "ray_kwargs.ray_init, ...) or sets a null key; ++key=value adds or sets; ~key deletes. Unknown keys",
+        "ray_kwargs.ray_init, ...), sets a null key, or merges a list/dict value into an existing key (Hydra's",
+        "rule); ++key=value adds or sets; ~key deletes. Unknown keys",
         "are refused with the nearest valid key. Key reference: docs/concepts/config.md.",
     ]
     return "\n".join(lines)
@@ -177,7 +178,8 @@ def format_error(exc: BaseException) -> Optional[tuple[str, int]]:
         first = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         return f"Config error: {first}", 2
     if isinstance(exc, UserFacingError):
-        return exc.paragraph(), 1
+        # A config mistake found only at run time (a token budget below the longest row) exits like the others.
+        return exc.paragraph(), 2 if exc.kind == "Config" else 1
     return None
 
 

@@ -97,6 +97,13 @@ def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
         problems.append(f"`data.truncation={d.truncation!r}` is not supported; use one of {list(TRUNCATION_MODES)}")
     if not d.get("train_files"):
         problems.append("`data.train_files` is empty")
+    lora_rank, adapter = cfg.model.get("lora_rank") or 0, cfg.model.get("lora_adapter_path")
+    if strategy == "megatron" and (lora_rank > 0 or adapter):
+        # The Megatron engine has no LoRA; its own error would name the RL keys (actor_rollout_ref.model.*).
+        key = f"model.lora_rank={lora_rank}" if lora_rank > 0 else f"model.lora_adapter_path={adapter}"
+        problems.append(f"`{key}` with `engine=megatron`: LoRA SFT runs on the FSDP engine only; use "
+                        "`engine=fsdp` for LoRA, or `model.lora_rank=0` (and no `model.lora_adapter_path`) "
+                        "for full fine-tuning on Megatron")
     if t.resume_mode not in ("auto", "disable", "resume_path"):
         problems.append(f"`trainer.resume_mode={t.resume_mode!r}`; use auto, disable or resume_path")
     for key in ("save_freq", "test_freq"):
@@ -202,22 +209,31 @@ def run_sft(config: DictConfig, strategy: str = "fsdp") -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    from verl.trainer.config.checks import ConfigKeyError, ConfigValidationError
+    """Compose, validate, train; returns the exit code.
 
-    try:
-        cfg, strategy = load_config(argv)
-    except (ConfigKeyError, ConfigValidationError) as e:
-        print(f"Config error:\n{e}", file=sys.stderr)
-        return 2
+    Errors the user fixes (config keys and values, data files and rows, model paths) are printed as one
+    paragraph, as ``main_ppo`` prints them (exit 2 for config, 1 for the rest); ``VERL_DEBUG=1`` re-raises
+    them with their traceback. Anything else is a bug and keeps its traceback."""
+    from verl.trainer import cli
+    from verl.utils.user_errors import debug_enabled
+
+    argv = sys.argv[1:] if argv is None else argv
     import torch.distributed as dist
 
     try:
+        cfg, strategy = load_config(argv)
         run_sft(cfg, strategy)
         if dist.is_initialized():
             # Every rank leaves together: a rank that tears its gloo group down while another is still in a
             # collective makes that one abort at exit ("terminate called without an active exception").
             dist.barrier()
+    except Exception as exc:  # noqa: BLE001 - user errors become one paragraph, bugs keep their traceback
+        formatted = cli.format_error(exc)
+        if formatted is None or debug_enabled():
+            raise
+        text, code = formatted
+        print(text, file=sys.stderr, flush=True)
+        return code
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

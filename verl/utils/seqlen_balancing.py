@@ -165,6 +165,7 @@ def rearrange_micro_batches(
     min_num_micro_batch=None,
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
+    budget_key: str = "ppo_max_token_len_per_gpu",
 ):
     """Split ``batch`` into micro-batches whose effective token count is <= ``max_token_len``.
 
@@ -174,16 +175,14 @@ def rearrange_micro_batches(
     synchronised to the DP max when ``dp_group`` is given) and grows until a balanced
     partition fits the budget. ``force_group_size`` keeps consecutive rows together.
     With ``use_dynamic_bsz_balance`` the heaviest micro-batches go to the middle, which
-    shortens pipeline warm-up/cool-down bubbles.
+    shortens pipeline warm-up/cool-down bubbles. ``budget_key`` is the config key the caller's budget comes
+    from, named in the errors (the SFT trainer's is ``data.max_token_len_per_gpu``).
 
     Returns ``(micro_batches, index_lists)``; ``index_lists[i]`` are the original rows of micro-batch i.
     """
+    if max_token_len <= 0:
+        raise CheckError(f"max_token_len={max_token_len} ({budget_key}) must be positive")
     lengths, width = _effective_lengths(batch)
-    if max_token_len < width:
-        raise CheckError(
-            f"max_token_len must be greater than the sequence length. Got max_token_len={max_token_len} and a "
-            f"sequence length of {width}; raise the token budget (e.g. ppo_max_token_len_per_gpu) to at least {width}"
-        )
     n = len(lengths)
     if force_group_size <= 0 or n % force_group_size != 0:
         raise CheckError(f"Batch size {n} must be divisible by force_group_size {force_group_size}")
@@ -201,22 +200,28 @@ def rearrange_micro_batches(
     if sync:
         count = _all_reduce([count], dist.ReduceOp.MAX, dp_group)[0]
         # Agree on fatal limits first so no rank raises while its peers wait in a collective.
-        largest_group, neg_groups = _all_reduce([largest_group, -num_groups], dist.ReduceOp.MAX, dp_group)
+        largest_group, neg_groups, width = _all_reduce([largest_group, -num_groups, width], dist.ReduceOp.MAX,
+                                                       dp_group)
         fewest_groups = -neg_groups
+    if max_token_len < width:
+        raise CheckError(
+            f"max_token_len must be greater than the sequence length. Got max_token_len={max_token_len} "
+            f"({budget_key}) and a sequence length of {width}; raise {budget_key} to at least {width}"
+        )
     if num_batches_divided_by is not None:
         count = roundup_divisible(count, num_batches_divided_by)
     if largest_group > max_token_len:
         raise CheckError(
             f"A forced group of {force_group_size} rows holds {largest_group} tokens, above max_token_len="
-            f"{max_token_len}; it cannot be split. Raise max_token_len or lower force_group_size."
+            f"{max_token_len} ({budget_key}); it cannot be split. Raise {budget_key} or lower force_group_size."
         )
 
     step = num_batches_divided_by or 1
     while True:
         if count > fewest_groups:
             raise CheckError(
-                f"Cannot satisfy max_token_len={max_token_len}: needs {count} non-empty micro-batches but a rank "
-                f"has only {fewest_groups} (groups of) sequences."
+                f"Cannot satisfy max_token_len={max_token_len} ({budget_key}): needs {count} non-empty "
+                f"micro-batches but a rank has only {fewest_groups} (groups of) sequences; raise {budget_key}."
             )
         parts = get_seqlen_balanced_partitions(group_work, count, equal_size=False)
         fits = all(sum(group_tokens[g] for g in part) <= max_token_len for part in parts)
@@ -260,6 +265,7 @@ def prepare_dynamic_batch(
     same_micro_num_in_dp: bool = True,
     min_num_micro_batch=None,
     use_dynamic_bsz_balance: bool = True,
+    budget_key: str = "ppo_max_token_len_per_gpu",
 ):
     """DataProto version of :func:`rearrange_micro_batches`: returns (list of DataProto, index lists)."""
     import copy
@@ -269,7 +275,7 @@ def prepare_dynamic_batch(
     # Same option order as rearrange_micro_batches' positional parameters.
     micro_tds, index_lists = rearrange_micro_batches(
         data.batch, max_token_len, dp_group, num_batches_divided_by,
-        same_micro_num_in_dp, min_num_micro_batch, use_dynamic_bsz_balance,
+        same_micro_num_in_dp, min_num_micro_batch, use_dynamic_bsz_balance, budget_key=budget_key,
     )  # fmt: skip
     micro_batches = []
     for td, rows in zip(micro_tds, index_lists, strict=True):

@@ -56,6 +56,20 @@ def test_engine_group_selects_megatron_optimizer():
     assert cfg.optim.optimizer == "adam" and "lr_decay_style" in cfg.optim
 
 
+def test_lora_on_megatron_is_refused_with_sft_keys():
+    """The Megatron engine has no LoRA; without this check the run failed at engine start naming the RL key
+    (actor_rollout_ref.model.lora_rank)."""
+    for override in ("model.lora_rank=8", "model.lora_adapter_path=/adapters"):
+        cfg, strategy = compose_sft_config(["engine=megatron", override])
+        with pytest.raises(ConfigValidationError) as err:
+            validate_sft_config(cfg, strategy)
+        text = str(err.value)
+        assert f"`{override}` with `engine=megatron`" in text and "`engine=fsdp`" in text, text
+        assert "actor_rollout_ref" not in text
+    cfg, strategy = compose_sft_config(["model.lora_rank=8"])  # LoRA on FSDP stays valid
+    validate_sft_config(cfg, strategy)
+
+
 def test_validation_names_every_bad_key():
     cfg, strategy = compose_sft_config(["data.pad_mode=packed", "data.truncation=middle", "trainer.save_freq=often",
                                         "trainer.resume_mode=maybe", "data.micro_batch_size_per_gpu=0"])

@@ -30,6 +30,32 @@ def test_packed_batch_loss_equals_padded(tmp_path):
         assert _steps(packed, key) == pytest.approx(_steps(padded, key), rel=1e-4, abs=1e-5), key
 
 
+def test_dynamic_batch_size_matches_fixed_micro_batches(tmp_path, monkeypatch):
+    """data.use_dynamic_bsz=true (upstream's default; the demo turns it off) splits each rank's batch under the
+    token budget instead of by count: the loss is normalised by the global token count, so the losses, grad
+    norms and validation loss equal the fixed-size split's."""
+    from verl.utils import seqlen_balancing
+
+    splits = []
+    original = seqlen_balancing.rearrange_micro_batches
+
+    def recording(batch, *args, **kwargs):  # the engine imports it at call time, so the patch is seen
+        micro, groups = original(batch, *args, **kwargs)
+        splits.append(len(groups))
+        return micro, groups
+
+    monkeypatch.setattr(seqlen_balancing, "rearrange_micro_batches", recording)
+    common = [*SMALL, "trainer.total_training_steps=2", "trainer.test_freq=2"]
+    fixed = run_in_process(tmp_path / "f", [*common, "data.use_dynamic_bsz=false", "data.micro_batch_size_per_gpu=8"])
+    assert splits == []
+    dynamic = run_in_process(tmp_path / "d", [*common, "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=1024"])
+    # The budget was used, and it split the 8 conversations (a few hundred tokens each) into several parts.
+    assert splits and max(splits) > 1, splits
+    for key in ("train/loss", "train/grad_norm"):
+        assert _steps(dynamic, key) == pytest.approx(_steps(fixed, key), rel=1e-4, abs=1e-5), key
+    assert dynamic["history"][-1]["val/loss"] == pytest.approx(fixed["history"][-1]["val/loss"], rel=1e-4)
+
+
 def _hf_val_loss(model_dir, tmp_path):
     """Mean assistant-token NLL of the demo's first 8 validation rows under a plain HF forward."""
     from omegaconf import OmegaConf

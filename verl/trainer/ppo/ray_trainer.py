@@ -22,6 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.trainer.config.validate import need_critic, need_reference_policy
 from verl.trainer.ppo import core_algos, filter_groups, rollout_corr
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.dataloader import StepDataLoader
@@ -99,8 +100,8 @@ class RayPPOTrainer:
         self.val_dataset = val_dataset
         self.collate_fn = collate_fn
         algo = config.algorithm
-        self.use_critic = algo.adv_estimator == AdvantageEstimator.GAE.value
-        self.use_reference_policy = bool(algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
+        self.use_critic = need_critic(config)
+        self.use_reference_policy = need_reference_policy(config)
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         data = config.data
         # data.gen_batch_size prompts per generation (DAPO draws several when filtering); else one train batch.
@@ -253,28 +254,30 @@ class RayPPOTrainer:
         history: list[dict] = []
         self.global_steps += 1
         self._batches = self._batch_stream()
-        while self.global_steps <= self.total_training_steps:
-            with self.profiler.step(self.global_steps):
-                metrics = self._train_step(next(self._batches))
-            is_last = self.global_steps >= self.total_training_steps
-            save_freq = cfg.trainer.get("save_freq", -1)
-            if save_freq and save_freq > 0 and (is_last or self.global_steps % save_freq == 0):
-                with marked_timer("save_checkpoint", self._timing):
-                    self._save_checkpoint()
-                metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
-            test_freq = cfg.trainer.get("test_freq", -1)
-            if self.val_reward_fn is not None and test_freq and test_freq > 0 and (
-                    is_last or self.global_steps % test_freq == 0):
-                last_val = self._validate()
-                metrics.update(last_val)
-            metrics["training/global_step"] = self.global_steps
-            metrics["training/epoch"] = self.train_dataloader.epoch
-            if tracker is not None:
-                tracker.log(metrics, step=self.global_steps)
-            history.append(metrics)
-            progress.update(1)
-            self.global_steps += 1
-        progress.close()
+        try:  # the bar is closed on an error too, so the error paragraph starts on its own line
+            while self.global_steps <= self.total_training_steps:
+                with self.profiler.step(self.global_steps):
+                    metrics = self._train_step(next(self._batches))
+                is_last = self.global_steps >= self.total_training_steps
+                save_freq = cfg.trainer.get("save_freq", -1)
+                if save_freq and save_freq > 0 and (is_last or self.global_steps % save_freq == 0):
+                    with marked_timer("save_checkpoint", self._timing):
+                        self._save_checkpoint()
+                    metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
+                test_freq = cfg.trainer.get("test_freq", -1)
+                if self.val_reward_fn is not None and test_freq and test_freq > 0 and (
+                        is_last or self.global_steps % test_freq == 0):
+                    last_val = self._validate()
+                    metrics.update(last_val)
+                metrics["training/global_step"] = self.global_steps
+                metrics["training/epoch"] = self.train_dataloader.epoch
+                if tracker is not None:
+                    tracker.log(metrics, step=self.global_steps)
+                history.append(metrics)
+                progress.update(1)
+                self.global_steps += 1
+        finally:
+            progress.close()
         return {"history": history, "last_val": last_val}
 
     def _batch_stream(self):

@@ -129,16 +129,23 @@ def _accepts_return_dict(reward_fn) -> bool:
 def compute_reward(data: DataProto, reward_fn) -> tuple[Any, dict[str, Any]]:
     """Run ``reward_fn`` on ``data``: ``(token_level_scores [B, response_len], extra-info lists by key)``.
 
-    Errors from the reward function propagate (a silently unscored batch would train on garbage).
+    Errors from the reward function propagate (a silently unscored batch would train on garbage); a result
+    without scores is the reward manager's mistake, reported as a reward error.
     """
     if not _accepts_return_dict(reward_fn):
         return reward_fn(data), {}
     result = reward_fn(data, return_dict=True)
     if isinstance(result, dict):
         if "reward_tensor" not in result:
-            raise KeyError(
-                f"compute_reward: the reward function returned a dict without 'reward_tensor' (keys {sorted(result)})"
-            )
+            from verl.utils.user_errors import UserFacingError
+
+            name = getattr(reward_fn, "__qualname__", None) or type(reward_fn).__qualname__
+            raise UserFacingError(
+                "Reward", f"the reward manager ({name}) returned a dict without 'reward_tensor' "
+                f"(its keys: {sorted(result)})",
+                "With return_dict=True a reward manager returns {'reward_tensor': token-level scores [batch, "
+                "response length], 'reward_extra_info': {key: list per row}}; fix reward.reward_manager or "
+                "reward.custom_reward_function.")
         return result["reward_tensor"], dict(result.get("reward_extra_info") or {})
     return result, {}
 

@@ -27,11 +27,17 @@ from verl.trainer.sft.batches import (
     split_for_rank,
 )
 from verl.trainer.sft.loss import make_sft_loss, token_nll_sum
+from verl.utils.py_functional import CheckError
+from verl.utils.user_errors import DeferredRowErrors, GuardedDataset, UserFacingError, guard, raise_row_failures
 
 logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "sft_state.json"
+BUDGET_KEY = "data.max_token_len_per_gpu"  # named by the engine's dynamic-batch errors (meta max_token_len_key)
+_DATA_HINT = ("The files are data.train_files / data.val_files, the columns data.messages_key, data.tools_key, "
+              "data.enable_thinking_key (data.custom_cls: your own dataset class); set VERL_DEBUG=1 for the full "
+              "traceback.")
 
 __all__ = ["SFTTrainer", "LATEST_FILE"]
 
@@ -64,16 +70,22 @@ class SFTTrainer:
     def _build_tokenizer(self) -> None:
         from verl.utils.tokenizer import load_tokenizer_and_processor
 
-        self.tokenizer, self.processor = load_tokenizer_and_processor(self.config.model)
+        # section="model": a bad path or a missing chat template is reported with SFT's key names.
+        self.tokenizer, self.processor = load_tokenizer_and_processor(self.config.model, section="model")
 
     def _build_datasets(self) -> None:
         from verl.trainer.sft_trainer import create_sft_dataset
 
         d = self.config.data
-        self.train_dataset = create_sft_dataset(d.train_files, d, self.tokenizer, self.processor,
-                                                max_samples=d.get("train_max_samples", -1))
-        self.val_dataset = (create_sft_dataset(d.val_files, d, self.tokenizer, self.processor,
-                                               max_samples=d.get("val_max_samples", -1)) if d.get("val_files") else None)
+        # Reading the files (and, for the built-in dataset, checking every row's structure) happens here; a
+        # row that fails later, while it is tokenised, is reported by GuardedDataset with its index.
+        with guard("Data", _DATA_HINT):
+            train = create_sft_dataset(d.train_files, d, self.tokenizer, self.processor,
+                                       max_samples=d.get("train_max_samples", -1))
+            val = (create_sft_dataset(d.val_files, d, self.tokenizer, self.processor,
+                                      max_samples=d.get("val_max_samples", -1)) if d.get("val_files") else None)
+        self.train_dataset = GuardedDataset(train, "data.train_files")
+        self.val_dataset = GuardedDataset(val, "data.val_files") if val is not None else None
         self.pad_token_id = getattr(self.train_dataset, "pad_token_id", None)
         if self.pad_token_id is None:
             self.pad_token_id = self.tokenizer.pad_token_id
@@ -83,8 +95,9 @@ class SFTTrainer:
         self.batch_size = int(cfg.data.train_batch_size)
         self.steps_per_epoch = len(self.train_dataset) // self.batch_size
         if self.steps_per_epoch == 0:
-            raise ValueError(f"data.train_batch_size={self.batch_size} is larger than the training set "
-                             f"({len(self.train_dataset)} rows)")
+            raise UserFacingError("Data", f"data.train_batch_size={self.batch_size} is larger than the training "
+                                  f"set ({len(self.train_dataset)} rows of data.train_files)",
+                                  "Lower data.train_batch_size or add rows (data.train_max_samples may cap them).")
         total = cfg.trainer.get("total_training_steps")
         self.total_steps = int(total) if total else self.steps_per_epoch * int(cfg.trainer.total_epochs)
         self.save_freq = _frequency(cfg.trainer.save_freq, self.steps_per_epoch, "trainer.save_freq")
@@ -105,7 +118,7 @@ class SFTTrainer:
     def _meta(self) -> dict:
         d = self.config.data
         return {"micro_batch_size": int(d.micro_batch_size_per_gpu), "use_dynamic_bsz": bool(d.use_dynamic_bsz),
-                "max_token_len": int(d.max_token_len_per_gpu), "temperature": 1.0}
+                "max_token_len": int(d.max_token_len_per_gpu), "max_token_len_key": BUDGET_KEY, "temperature": 1.0}
 
     # ------------------------------------------------------------------ checkpoints
     def _ckpt_root(self) -> str:
@@ -118,11 +131,13 @@ class SFTTrainer:
         if t.resume_mode == "resume_path":
             path = t.get("resume_from_path")
             if not path or not os.path.basename(os.path.normpath(str(path))).startswith("global_step_"):
-                raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path pointing at a "
-                                 f".../global_step_N directory (got {path!r})")
+                raise UserFacingError("Config", "trainer.resume_mode=resume_path needs trainer.resume_from_path "
+                                      f"pointing at a .../global_step_N directory (got {path!r})")
             path = os.path.abspath(os.path.expanduser(str(path)))
             if not os.path.isdir(path):
-                raise FileNotFoundError(f"trainer.resume_from_path={path} does not exist")
+                raise UserFacingError("Config", f"trainer.resume_from_path={path} does not exist",
+                                      "Point it at a checkpoint directory of an earlier run, or set "
+                                      "trainer.resume_mode=auto or disable.")
             return path
         marker = os.path.join(self._ckpt_root(), LATEST_FILE)
         if not os.path.exists(marker):
@@ -201,7 +216,14 @@ class SFTTrainer:
         loss_fn = make_sft_loss(global_target_tokens(rows), self.engine.dp_size)
         with self.engine.train_mode():
             self.engine.optimizer_zero_grad()
-            result = self.engine.forward_backward_batch(data, loss_fn, forward_only=False, outputs=("log_probs",))
+            try:
+                result = self.engine.forward_backward_batch(data, loss_fn, forward_only=False, outputs=("log_probs",))
+            except CheckError as err:
+                if BUDGET_KEY not in str(err):
+                    raise
+                # Every rank agrees on the budget check before raising, so all of them stop here.
+                raise UserFacingError("Config", str(err), "The token budget must hold the longest conversation "
+                                      "of a batch (data.max_length with data.pad_mode=right).") from err
             grad_norm = self.engine.optimizer_step()
         lr = self.engine.lr_scheduler_step()
         nll, count = self._all_sum(*self._nll(result["outputs"], data))
@@ -232,7 +254,10 @@ class SFTTrainer:
         from torch.utils.data import DataLoader
 
         workers = int(self.config.data.get("num_workers", 0) or 0)
-        return DataLoader(self.train_dataset, batch_sampler=GlobalBatchSampler(self.order, self.batch_size, epoch, start),
+        # A worker process cannot re-raise a UserFacingError as itself: failing rows come back as values and
+        # are raised again here (raise_row_failures in fit).
+        return DataLoader(DeferredRowErrors(self.train_dataset),
+                          batch_sampler=GlobalBatchSampler(self.order, self.batch_size, epoch, start),
                           collate_fn=_rows, num_workers=workers, persistent_workers=False)
 
     def fit(self, tracker=None) -> dict:
@@ -245,33 +270,35 @@ class SFTTrainer:
             from tqdm import tqdm
 
             bar = tqdm(total=self.total_steps, initial=state["global_step"], desc="SFT", dynamic_ncols=True)
-        epoch, start = state["epoch"], state["step_in_epoch"]
-        while state["global_step"] < self.total_steps:
-            for rows in self._loader(epoch, start):
-                metrics = self.train_step(rows)
-                state["global_step"] += 1
-                state["step_in_epoch"] += 1
-                if state["step_in_epoch"] == self.steps_per_epoch:
-                    state["epoch"], state["step_in_epoch"] = state["epoch"] + 1, 0
-                state["total_tokens"] += metrics["train/global_tokens"]
-                metrics["train/total_tokens(B)"] = state["total_tokens"] / 1e9
-                metrics["train/epoch"] = epoch
-                step = state["global_step"]
-                last = step >= self.total_steps
-                if self.test_freq > 0 and (step % self.test_freq == 0 or last):
-                    metrics.update(self.validate())
-                if self.save_freq > 0 and (step % self.save_freq == 0 or last):
-                    last_ckpt = self.save_checkpoint(dict(state))
-                metrics["training/global_step"] = step
-                history.append(metrics)
-                if tracker is not None and self.rank == 0:
-                    tracker.log({k: v for k, v in metrics.items() if k != "training/global_step"}, step=step)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
-                    bar.update(1)
-                if last:
-                    break
+        try:
             epoch, start = state["epoch"], state["step_in_epoch"]
-        if bar is not None:
-            bar.close()
+            while state["global_step"] < self.total_steps:
+                for rows in self._loader(epoch, start):
+                    metrics = self.train_step(raise_row_failures(rows))
+                    state["global_step"] += 1
+                    state["step_in_epoch"] += 1
+                    if state["step_in_epoch"] == self.steps_per_epoch:
+                        state["epoch"], state["step_in_epoch"] = state["epoch"] + 1, 0
+                    state["total_tokens"] += metrics["train/global_tokens"]
+                    metrics["train/total_tokens(B)"] = state["total_tokens"] / 1e9
+                    metrics["train/epoch"] = epoch
+                    step = state["global_step"]
+                    last = step >= self.total_steps
+                    if self.test_freq > 0 and (step % self.test_freq == 0 or last):
+                        metrics.update(self.validate())
+                    if self.save_freq > 0 and (step % self.save_freq == 0 or last):
+                        last_ckpt = self.save_checkpoint(dict(state))
+                    metrics["training/global_step"] = step
+                    history.append(metrics)
+                    if tracker is not None and self.rank == 0:
+                        tracker.log({k: v for k, v in metrics.items() if k != "training/global_step"}, step=step)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
+                        bar.update(1)
+                    if last:
+                        break
+                epoch, start = state["epoch"], state["step_in_epoch"]
+        finally:
+            if bar is not None:
+                bar.close()  # the bar ends its line, so an error paragraph starts on its own
         return {"history": history, "checkpoint": last_ckpt}

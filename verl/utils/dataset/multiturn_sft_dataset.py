@@ -171,7 +171,7 @@ class MultiTurnSFTDataset(Dataset):
     def _read(self) -> None:
         rows, origins = [], []
         for path in self.files:
-            file_rows = _read_data_file(path)
+            file_rows = _read_data_file(path, who="MultiTurnSFTDataset")
             rows.extend(file_rows)
             origins.extend((path, i) for i in range(len(file_rows)))
         if 0 < self.max_samples < len(rows):

@@ -111,11 +111,11 @@ def truncate_ids(ids: list | torch.Tensor, max_length: int, mode: str):
     raise ValueError(f"truncate_ids: unknown truncation mode {mode!r}; use one of {TRUNCATION_MODES}")
 
 
-def _read_data_file(path: str) -> list[dict]:
-    """All rows of one parquet / json / jsonl file as plain dicts."""
+def _read_data_file(path: str, who: str = "RLHFDataset") -> list[dict]:
+    """All rows of one parquet / json / jsonl file as plain dicts; ``who`` (the dataset class) opens errors."""
     if not os.path.isfile(path):
         raise FileNotFoundError(
-            f"RLHFDataset: data file {path!r} does not exist; check data.train_files / data.val_files"
+            f"{who}: data file {path!r} does not exist; check data.train_files / data.val_files"
         )
     lower = path.lower()
     try:
@@ -136,8 +136,8 @@ def _read_data_file(path: str) -> list[dict]:
                 return [{k: v[i] for k, v in content.items()} for i in range(n)]
             raise ValueError("expected a list of row objects or an object of equal-length column lists")
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        raise ValueError(f"RLHFDataset: could not read data file {path!r}: {err}") from err
-    raise ValueError(f"RLHFDataset: unsupported data file {path!r}; use .parquet, .json or .jsonl")
+        raise ValueError(f"{who}: could not read data file {path!r}: {err}") from err
+    raise ValueError(f"{who}: unsupported data file {path!r}; use .parquet, .json or .jsonl")
 
 
 class RLHFDataset(Dataset):

@@ -233,7 +233,7 @@ class FSDPEngine(BaseEngine):
         global_info = self._global_batch_info(data) if loss_fn is not None else None
         micro, order = split_micro_batches(data, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)),
                                            meta.get("max_token_len"), self.sp_size, self.device,
-                                           with_mm=self.role != "critic")
+                                           with_mm=self.role != "critic", budget_key=meta.get("max_token_len_key"))
         collected: dict[str, list[torch.Tensor]] = {k: [] for k in outputs}
         per_micro: list[dict] = []
         with ulysses_group(self.sp_group), self._adapter_context():

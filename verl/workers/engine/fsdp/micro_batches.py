@@ -19,19 +19,19 @@ def merge_mm_inputs(rows: list[dict]) -> dict:
 
 
 def split_micro_batches(data: DataProto, micro_batch_size: Optional[int], use_dynamic_bsz: bool,
-                        max_token_len: Optional[int], sp_size: int, device: torch.device, with_mm: bool = True
-                        ) -> tuple[list[dict], Optional[list[int]]]:
+                        max_token_len: Optional[int], sp_size: int, device: torch.device, with_mm: bool = True,
+                        budget_key: Optional[str] = None) -> tuple[list[dict], Optional[list[int]]]:
     """``(micro-batches as dicts of device tensors, flat row order or None)``.
 
     Fixed size keeps the row order. Dynamic bsz packs rows into micro-batches of at most ``max_token_len``
     real tokens per rank (times the SP size: each SP rank holds 1/sp of a packed row) and returns the order
-    the rows were visited in, which the caller inverts."""
+    the rows were visited in, which the caller inverts. ``budget_key`` names the budget's config key in errors."""
     batch = data.batch
     n = len(data)
     if use_dynamic_bsz:
         if not max_token_len:
-            raise ValueError("use_dynamic_bsz needs a token budget (ppo_max_token_len_per_gpu / "
-                             "log_prob_max_token_len_per_gpu)")
+            keys = budget_key or "ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu"
+            raise ValueError(f"use_dynamic_bsz needs a token budget ({keys})")
         from verl.utils.seqlen_balancing import rearrange_micro_batches
 
         # Every rank must run the same number of micro-batches: FSDP2 gathers parameters in each forward, so a
@@ -40,7 +40,8 @@ def split_micro_batches(data: DataProto, micro_batch_size: Optional[int], use_dy
 
         group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
         micro_tds, groups = rearrange_micro_batches(batch, max_token_len=int(max_token_len) * sp_size,
-                                                    dp_group=group)
+                                                    dp_group=group,
+                                                    **({"budget_key": budget_key} if budget_key else {}))
         order = [i for g in groups for i in g]
     else:
         size = int(micro_batch_size or n)
