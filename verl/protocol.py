@@ -18,7 +18,7 @@ import logging
 import os
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 import tensordict
@@ -554,83 +554,6 @@ def _existing(keys, container, what: str) -> list:
     return keys
 
 
-@dataclass
-class DataProtoFuture:
-    """Unresolved worker outputs: ``get()`` fetches ``futures`` with Ray, collects, then dispatches.
-
-    Lets the driver pass one worker group's output to another without materialising it.
-    """
-
-    collect_fn: Callable
-    futures: list
-    dispatch_fn: Callable = None
-
-    @staticmethod
-    def concat(data: list) -> "DataProtoFuture":
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=data)
-
-    def chunk(self, chunks: int) -> list["DataProtoFuture"]:
-        from functools import partial
-
-        return [
-            DataProtoFuture(self.collect_fn, self.futures, dispatch_fn=partial(_pick_chunk, i, chunks))
-            for i in range(chunks)
-        ]
-
-    def get(self):
-        import ray
-
-        outputs = ray.get(self.futures)
-        if all(isinstance(o, DataProto) for o in outputs):
-            merged = DataProto.concat(outputs)
-        elif all(isinstance(o, TensorDict) for o in outputs):
-            merged = tu.concat_tensordict(outputs)
-        else:
-            kinds = [type(o).__name__ for o in outputs]
-            raise TypeError(f"DataProtoFuture expects DataProto or TensorDict results, got {kinds}")
-        return self.dispatch_fn(merged) if self.dispatch_fn is not None else merged
-
-
-def _pick_chunk(index: int, chunks: int, data):
-    # Module-level (not a closure) so the dispatch function pickles.
-    if isinstance(data, TensorDict):
-        return tu.chunk_tensordict(data, chunks)[index]
-    return data.chunk(chunks=chunks)[index]
-
-
-class BatchData:
-    """Type-dispatching wrapper so dispatch code can chunk/concat without isinstance ladders.
-
-    Handles DataProto, DataProtoFuture, TensorDict and lists of Ray ObjectRefs.
-    """
-
-    def __init__(self, data):
-        self._data = data
-
-    def is_chunkable(self) -> bool:
-        return isinstance(self._data, DataProto | DataProtoFuture | TensorDict)
-
-    def is_concatable(self) -> bool:
-        data = self._data
-        if not isinstance(data, list | tuple) or not data:
-            return False
-        return isinstance(data[0], DataProto | TensorDict) or _is_object_ref(data[0])
-
-    def chunk(self, chunks: int):
-        if isinstance(self._data, TensorDict):
-            return tuple(tu.chunk_tensordict(self._data, chunks))
-        return self._data.chunk(chunks=chunks)
-
-    def concat(self):
-        data = self._data
-        if not data:
-            raise ValueError("Cannot concatenate an empty list of data items.")
-        if _is_object_ref(data[0]):
-            return DataProtoFuture.concat(list(data))
-        if isinstance(data[0], TensorDict):
-            return tu.concat_tensordict(list(data))
-        return type(data[0]).concat(list(data))
-
-
-def _is_object_ref(obj) -> bool:
-    return type(obj).__name__ == "ObjectRef" and type(obj).__module__.startswith("ray")
+# Ray-side wrappers (futures of worker outputs, type-dispatching chunk/concat) live in their own module;
+# imported last because they use DataProto, and re-exported so `from verl.protocol import ...` keeps working.
+from verl.protocol_future import BatchData, DataProtoFuture  # noqa: E402

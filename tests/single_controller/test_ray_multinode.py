@@ -2,7 +2,9 @@
 (10.77.0.1 and 10.77.0.2 on a veth pair), and 2 GRPO steps of the demo with trainer.nnodes=2.
 
 Before the fix every worker got MASTER_ADDR=127.0.0.1 and the process-group set-up hung. Needs root (or
-CAP_NET_ADMIN) for `ip netns`; skipped with the reason otherwise. Bounded in time; cleans up after itself.
+CAP_NET_ADMIN) for `ip netns`; skipped with the reason otherwise, except where VERL_REQUIRE_NETNS=1 (set by
+`.ci/run` and the CI job): there a skip would let CI go green without this test, so it fails instead.
+Bounded in time; cleans up after itself.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ class TwoNamespaces:
 @pytest.fixture
 def two_nodes():
     reason = _netns_usable()
+    if reason and os.environ.get("VERL_REQUIRE_NETNS") == "1":
+        pytest.fail(f"VERL_REQUIRE_NETNS=1 but this test cannot run: {reason}. Run it as root (or with "
+                    "CAP_NET_ADMIN) with iproute2 installed, or unset VERL_REQUIRE_NETNS to allow the skip.")
     if reason:
         pytest.skip(reason)
     ray_bin = str(Path(sys.executable).with_name("ray"))

@@ -127,3 +127,43 @@ def test_agent_loop_loads_them_from_the_config_and_runs_them(tool_file):
     _, inserted = segments(tok, out)
     assert "<tool_response>\n42\n</tool_response>" in inserted
     assert out.metrics["num_tool_calls"] == 1 and out.metrics["tool_call_failures"] == 0
+
+
+def _run_multiply(mgr, tok):
+    call = ("<tool_call><function=multiply_ft><parameter=a>6</parameter><parameter=b>7</parameter></function>"
+            "</tool_call>")
+    mgr.engine = ScriptedEngine(tok, {"Q": [call, "It is 42."]})
+    (out,), _ = mgr.run_rows(rows("Q"), mgr.sampling_params())
+    return segments(tok, out)[1]
+
+
+def test_agent_loop_falls_back_to_data_function_tool_path(tool_file):
+    """Upstream's key is data.function_tool_path; with the multi_turn key unset the agent loop reads it."""
+    tok = build_tiny_tokenizer()
+    cfg = make_config(function_tool_path=None, tool_config_path=None)
+    cfg.data = {"function_tool_path": tool_file}
+    mgr = AgentLoopManager(cfg, ScriptedEngine(tok, {}), tok)
+    assert sorted(t.name for t in mgr.tools) == ["lookup_ft", "multiply_ft"]
+    assert "<tool_response>\n42\n</tool_response>" in _run_multiply(mgr, tok)
+    # Without either key there are no tools: the tools above really came from data.function_tool_path.
+    cfg.data = {"function_tool_path": None}
+    assert AgentLoopManager(cfg, ScriptedEngine(tok, {}), tok).tools == []
+
+
+def test_data_function_tool_path_through_the_composed_config(tool_file):
+    """As a user writes it on the command line: the composed, validated trainer config carries the data key
+    (the multi_turn key stays null) and the agent loop built from that config loads the file's tools."""
+    from verl.trainer.config.checks import compose_config
+
+    cfg = compose_config("ppo_trainer", ["actor_rollout_ref.rollout.name=hf", "algorithm.adv_estimator=grpo",
+                                         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                                         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                                         "actor_rollout_ref.rollout.n=2",
+                                         "actor_rollout_ref.rollout.multi_turn.enable=true",
+                                         "actor_rollout_ref.rollout.multi_turn.format=qwen3_coder",
+                                         f"data.function_tool_path={tool_file}"])
+    assert cfg.data.function_tool_path == tool_file
+    assert cfg.actor_rollout_ref.rollout.multi_turn.function_tool_path is None
+    tok = build_tiny_tokenizer()
+    mgr = AgentLoopManager(cfg, ScriptedEngine(tok, {}), tok)
+    assert sorted(t.name for t in mgr.tools) == ["lookup_ft", "multiply_ft"]

@@ -15,15 +15,16 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _node_address_and_free_port() -> tuple[str, int]:
-    """Run on rank 0's node: the address other nodes reach it at (Ray's node IP) and a port free there."""
+def node_address_and_free_port() -> tuple[str, int]:
+    """Run on rank 0's node: the address other nodes reach it at (Ray's node IP) and a port free there
+    (bound on every interface, so free on the node address too)."""
     import ray
 
     ip = ray.util.get_node_ip_address()
     return ip, find_free_port("")
 
 
-def _interface_of(ip: str) -> str | None:
+def interface_of(ip: str) -> str | None:
     """The network interface that holds ``ip`` (None if none does, or it is loopback)."""
     import psutil
 
@@ -35,6 +36,27 @@ def _interface_of(ip: str) -> str | None:
     return None
 
 
+def point_gloo_at_node_address(environ) -> None:
+    """Set ``GLOO_SOCKET_IFNAME`` in ``environ`` to the interface holding this node's Ray address, unless the
+    user set it or that address is loopback / on no interface (gloo's own choice is then as good as ours)."""
+    import ray
+
+    if "GLOO_SOCKET_IFNAME" in environ:
+        return
+    iface = interface_of(ray.util.get_node_ip_address())
+    if iface:
+        environ["GLOO_SOCKET_IFNAME"] = iface
+
+
+def rank_env_vars(rank: int, world_size: int, use_gpu: bool, master_addr: str, master_port: int,
+                  env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of rank ``rank``: the caller's ``env`` plus torch.distributed's rendezvous variables.
+    Every rank gets the same ``MASTER_ADDR`` / ``MASTER_PORT``: those found on rank 0's node."""
+    return {**(env or {}), "RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": "0" if use_gpu else str(rank),
+            "MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port)}
+
+
 class RayColocatedWorker(ColocatedWorker):
     """The Ray actor: before joining the process group, gloo is told to use the interface of this node's Ray
     address. Left alone it resolves the hostname, which is often 127.0.0.1, and ranks on other nodes can then
@@ -43,12 +65,7 @@ class RayColocatedWorker(ColocatedWorker):
     def __init__(self, role_specs):
         import os
 
-        import ray
-
-        if "GLOO_SOCKET_IFNAME" not in os.environ:
-            iface = _interface_of(ray.util.get_node_ip_address())
-            if iface:
-                os.environ["GLOO_SOCKET_IFNAME"] = iface
+        point_gloo_at_node_address(os.environ)
         super().__init__(role_specs)
 
 
@@ -95,16 +112,13 @@ def create_ray_worker_groups(pool: RayResourcePool, role_specs: dict[str, tuple[
     ray.get(pg.ready(), timeout=300)
     # torch.distributed's rendezvous lives with rank 0: its node's address and a port free on that node, found
     # there (a driver-side 127.0.0.1 and driver-side port only work when every rank shares the driver's host).
-    probe = ray.remote(num_cpus=0)(_node_address_and_free_port).options(
+    probe = ray.remote(num_cpus=0)(node_address_and_free_port).options(
         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0))
     master_addr, master_port = ray.get(probe.remote(), timeout=120)
-    master_port = str(master_port)
     actor_cls = ray.remote(RayColocatedWorker)
     actors = []
     for rank in range(pool.world_size):
-        runtime_env = {"env_vars": {**(env or {}), "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
-                                    "LOCAL_RANK": "0" if pool.use_gpu else str(rank),
-                                    "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}}
+        runtime_env = {"env_vars": rank_env_vars(rank, pool.world_size, pool.use_gpu, master_addr, master_port, env)}
         opts = dict(num_cpus=pool.cpus_per_worker, runtime_env=runtime_env,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank))
         if pool.use_gpu:

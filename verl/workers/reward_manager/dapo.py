@@ -42,7 +42,7 @@ class DAPORewardManager(NaiveRewardManager):
         max_resp_len: the response length limit the penalty is measured against (usually
             ``data.max_response_length``); required when the penalty is on.
         overlong_buffer_cfg: mapping with ``enable``, ``len`` (buffer tokens), ``penalty_factor`` (default 1.0)
-            and ``log`` (add ``overlong_reward`` / ``overlong`` to the reward extras, and so to the metrics).
+            and ``log`` (add ``overlong_reward`` / ``overlong`` to the reward extras, and so to the validation metrics).
     """
 
     def __init__(self, tokenizer, num_examine: int, compute_score=None, reward_fn_key: str = "data_source",
