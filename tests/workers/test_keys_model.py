@@ -15,13 +15,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.engine_utils import single_rank_gloo
-
-
-@pytest.fixture(scope="module")
-def gloo():
-    with single_rank_gloo():
-        yield
 
 
 @pytest.fixture(scope="module")

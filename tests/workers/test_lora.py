@@ -10,14 +10,6 @@ from omegaconf import OmegaConf
 
 
 @pytest.fixture(scope="module")
-def gloo():
-    from tests.engine_utils import single_rank_gloo
-
-    with single_rank_gloo():
-        yield
-
-
-@pytest.fixture(scope="module")
 def dense_dir(tmp_path_factory):
     from verl.models.tiny import build_tiny_qwen3_5
 

@@ -183,6 +183,19 @@ def format_error(exc: BaseException) -> Optional[tuple[str, int]]:
     return None
 
 
+def report_user_error(exc: BaseException) -> Optional[int]:
+    """Print a user's error as its one paragraph and return the exit code; None when the caller must re-raise
+    (a bug, or ``VERL_DEBUG=1`` asking for the traceback). One place for main_ppo and sft_trainer."""
+    from verl.utils.user_errors import debug_enabled
+
+    formatted = format_error(exc)
+    if formatted is None or debug_enabled():
+        return None
+    text, code = formatted
+    print(text, file=sys.stderr, flush=True)
+    return code
+
+
 def _missing_config_text(exc) -> str:
     from verl.trainer.config.unsupported import feature_for_group
 

@@ -194,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     ``VERL_DEBUG=1`` re-raises them with their traceback.
     """
     from verl.trainer import cli
-    from verl.utils.user_errors import debug_enabled
 
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -211,11 +210,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         run_ppo(_load(args))
     except Exception as exc:  # noqa: BLE001 - user errors become one paragraph, bugs keep their traceback
-        formatted = cli.format_error(exc)
-        if formatted is None or debug_enabled():
+        code = cli.report_user_error(exc)
+        if code is None:
             raise
-        text, code = formatted
-        print(text, file=sys.stderr, flush=True)
         return code
     return 0
 

@@ -215,7 +215,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     paragraph, as ``main_ppo`` prints them (exit 2 for config, 1 for the rest); ``VERL_DEBUG=1`` re-raises
     them with their traceback. Anything else is a bug and keeps its traceback."""
     from verl.trainer import cli
-    from verl.utils.user_errors import debug_enabled
 
     argv = sys.argv[1:] if argv is None else argv
     import torch.distributed as dist
@@ -228,11 +227,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             # collective makes that one abort at exit ("terminate called without an active exception").
             dist.barrier()
     except Exception as exc:  # noqa: BLE001 - user errors become one paragraph, bugs keep their traceback
-        formatted = cli.format_error(exc)
-        if formatted is None or debug_enabled():
+        code = cli.report_user_error(exc)
+        if code is None:
             raise
-        text, code = formatted
-        print(text, file=sys.stderr, flush=True)
         return code
     finally:
         if dist.is_initialized():

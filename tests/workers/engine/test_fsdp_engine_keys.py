@@ -9,14 +9,8 @@ import torch
 from omegaconf import open_dict
 from torch.distributed.fsdp import FSDPModule
 
-from tests.engine_utils import arr_config, make_engine, sgd, single_rank_gloo
+from tests.engine_utils import arr_config, make_engine, sgd
 from verl.protocol import DataProto
-
-
-@pytest.fixture(scope="module")
-def gloo():
-    with single_rank_gloo():
-        yield
 
 
 @pytest.fixture(scope="module")

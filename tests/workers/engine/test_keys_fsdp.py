@@ -16,13 +16,6 @@ import torch
 from omegaconf import OmegaConf
 from torch.distributed.fsdp import FSDPModule
 
-from tests.engine_utils import single_rank_gloo
-
-
-@pytest.fixture(scope="module")
-def gloo():
-    with single_rank_gloo():
-        yield
 
 
 @pytest.fixture(scope="module")
