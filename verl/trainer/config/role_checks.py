@@ -109,6 +109,15 @@ def _parallel_dp_size(c: Checker, section: str, strategy: str, world: int) -> Op
     return world // sp
 
 
+def sequence_parallel_size(c: Checker, section: str, packing_key: str, packing_name: str):
+    """``<section>.ulysses_sequence_parallel_size`` (FSDP2), which needs packed sequences; returns it."""
+    sp = c.get(f"{section}.ulysses_sequence_parallel_size", 1)
+    if isinstance(sp, int) and sp > 1 and not c.flag(packing_key):
+        c.fail(f"{section}.ulysses_sequence_parallel_size",
+               f"is {sp} but sequence parallelism needs `{packing_name}=true`.")
+    return sp
+
+
 def check_actor(c: Checker, world: Optional[int]) -> None:
     a = "actor_rollout_ref.actor"
     strategy = train_strategy(c, f"{a}.strategy")
@@ -127,10 +136,7 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
     check_checkpoint(c, f"{a}.checkpoint")
 
     if strategy == "fsdp2":
-        sp = c.get(f"{a}.ulysses_sequence_parallel_size", 1)
-        if isinstance(sp, int) and sp > 1 and not c.flag(f"{a}.use_remove_padding"):
-            c.fail(f"{a}.ulysses_sequence_parallel_size",
-                   f"is {sp} but sequence parallelism needs `actor_rollout_ref.model.use_remove_padding=true`.")
+        sequence_parallel_size(c, a, f"{a}.use_remove_padding", "actor_rollout_ref.model.use_remove_padding")
 
     if c.flag(f"{a}.use_dynamic_bsz"):
         c.integer(f"{a}.ppo_max_token_len_per_gpu", minimum=1)
@@ -256,10 +262,7 @@ def check_critic(c: Checker, world: Optional[int]) -> None:
     check_model(c, f"{k}.model")
     check_checkpoint(c, f"{k}.checkpoint")
     if strategy == "fsdp2":
-        sp = c.get(f"{k}.ulysses_sequence_parallel_size", 1)
-        if isinstance(sp, int) and sp > 1 and not c.flag(f"{k}.model.use_remove_padding"):
-            c.fail(f"{k}.ulysses_sequence_parallel_size",
-                   f"is {sp} but sequence parallelism needs `critic.model.use_remove_padding=true`.")
+        sp = sequence_parallel_size(c, k, f"{k}.model.use_remove_padding", "critic.model.use_remove_padding")
         if world is not None and isinstance(sp, int) and sp > 0 and world % sp:
             c.fail(f"{k}.ulysses_sequence_parallel_size", f"({sp}) must divide the world size ({world}).")
     if c.flag(f"{k}.use_dynamic_bsz"):
