@@ -53,7 +53,7 @@ sys.exit(main(sys.argv[1:]))
 def test_launcher_that_registers_an_estimator(tmp_path, register):
     script = tmp_path / "launch.py"
     script.write_text(textwrap.dedent(LAUNCHER))
-    cmd = [sys.executable, str(script), "algorithm.adv_estimator=my_grpo", "actor_rollout_ref.rollout.n=4",
+    cmd = [sys.executable, str(script), "algorithm.adv_estimator=my_grpo", "actor_rollout_ref.rollout.n=8",
            "--cfg", "job", "--package", "algorithm"]
     if register:
         cmd.append("--register")
