@@ -132,7 +132,9 @@ def test_two_grpo_steps_on_two_ray_nodes(two_nodes, tmp_path):
     env = dict(env, RAY_ADDRESS=f"{ADDR_A}:{RAY_PORT}", VERL_DEMO_DIR=demo_dir(), VERL_FILE_LOGGER_PATH=str(log),
                PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-name", "demo", "trainer.nnodes=2",
-           "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2", "trainer.val_before_train=false",
+           "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2",
+           # two data-parallel ranks halve the demo's per-GPU mini-batch (64 -> 32), so its micro-batch must halve too
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "trainer.val_before_train=false",
            "trainer.test_freq=-1", "trainer.logger=[console,file]", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
     proc = subprocess.run(nets.exec(nets.a, cmd), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
