@@ -55,6 +55,9 @@ def test_gae_with_critic_runs(tmp_path):
     steps = train_records(rec)
     assert sorted(steps) == [1, 2]
     assert all("critic/vf_loss" in s and "critic/values/mean" in s for s in steps.values())
+    # upstream's perf/mfu/{actor,critic}: the tiny model is far from the CPU's nominal peak, but not at zero
+    for s in steps.values():
+        assert 0 < s["perf/mfu/actor"] < 1 and 0 < s["perf/mfu/critic"] < 1, s
 
 
 @pytest.mark.parametrize("kind", ["moe", "vl"])

@@ -139,3 +139,22 @@ def test_generic_spec_names_the_dense_formula_for_known_families_only():
     assert get_model_spec(llama).flops_fn == "verl.utils.flops_counter.dense_decoder_forward_flops"
     assert forward_flops(llama, SEQLENS) > 0
     assert get_model_spec(SimpleNamespace(model_type="gpt2", architectures=["GPT2LMHeadModel"])).flops_fn is None
+
+
+def test_update_mfu_counts_every_rank_tokens_and_every_epoch(monkeypatch):
+    """perf/mfu/* as upstream defines it: all ranks' tokens x ppo_epochs, over the time and the peak of all ranks."""
+    import verl.utils.flops_counter as fc
+    from verl.protocol import DataProto
+    from verl.workers import engine_workers
+
+    monkeypatch.setattr(fc, "get_device_flops", lambda unit="T", device_name=None: 2.0)  # TFLOP/s per rank
+    monkeypatch.setattr(engine_workers.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(engine_workers.dist, "get_world_size", lambda: 4)
+    cfg = _tiny_qwen3_5()
+    data = DataProto(meta_info={"global_token_num": SEQLENS})
+    mfu = engine_workers.update_mfu(FlopsCounter(cfg), data, seconds=0.25, passes=3)
+    assert mfu == pytest.approx(count_flops(cfg, SEQLENS) * 3 / 0.25 / 1e12 / (2.0 * 4))
+    assert engine_workers.update_mfu(None, data, 0.25, 1) == 0.0  # no model config: no formula
+    assert engine_workers.update_mfu(FlopsCounter(cfg), DataProto(meta_info={}), 0.25, 1) == 0.0
+    monkeypatch.setattr(fc, "get_device_flops", lambda unit="T", device_name=None: float("inf"))
+    assert engine_workers.update_mfu(FlopsCounter(cfg), data, 0.25, 1) == 0.0  # unknown device: 0, not a guess

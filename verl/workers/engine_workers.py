@@ -40,6 +40,26 @@ def _per_rank(total: int, world: int, name: str) -> int:
     return total // world
 
 
+def update_mfu(counter, data: DataProto, seconds: float, passes: int) -> float:
+    """``perf/mfu/*`` of one update, as upstream defines it: training FLOPs of the whole batch (every rank's
+    tokens, ``meta_info["global_token_num"]``) times the passes over it (``ppo_epochs``), over the seconds taken
+    and the peak FLOP/s of all ranks. 0 where the device's peak is unknown (the CPU reads a nominal peak)."""
+    tokens = data.meta_info.get("global_token_num")
+    if counter is None or not tokens or seconds <= 0:
+        return 0.0
+    achieved, peak = counter.estimate_flops(tokens, seconds)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return achieved * passes / peak / world
+
+
+def flops_counter_for(engine):
+    """A FlopsCounter for ``engine``'s model (it warns once where the model spec names no FLOPs formula)."""
+    from verl.utils.flops_counter import FlopsCounter
+
+    config = engine.model_hf_config()
+    return None if config is None else FlopsCounter(config)
+
+
 def engine_section(role_cfg: DictConfig, strategy: str):
     """The engine_config of a role: ``megatron`` for Megatron, else ``fsdp_config`` (the critic's FSDP section
     is ``critic.fsdp`` in the composed config)."""
@@ -103,6 +123,7 @@ class ActorRolloutRefWorker(Worker):
 
                 check_lora_rollout_config(cfg)
             self.actor = PPOActor(cfg.actor, self.actor_engine)
+            self.actor_flops = flops_counter_for(self.actor_engine)
         if self._is_ref:
             # LoRA: the reference policy is the actor with its adapters disabled; no second base model.
             share = {"share_module_with": self.actor_engine} if self._is_lora else {}
@@ -230,7 +251,9 @@ class ActorRolloutRefWorker(Worker):
         metrics["actor/lr"] = self.actor_engine.lr_scheduler_step()
         if self._is_rollout:
             self.rollout_cycle.weights_changed()
-        metrics["perf/update_actor_s"] = time.time() - t0
+        seconds = time.time() - t0
+        metrics["perf/update_actor_s"] = seconds
+        metrics["perf/mfu/actor"] = update_mfu(self.actor_flops, data, seconds, int(self.config.actor.ppo_epochs))
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
@@ -270,6 +293,7 @@ class CriticWorker(Worker):
         self.critic_engine = build_engine(cfg, cfg.model, "critic", trainable=True, processing_class=self.tokenizer)
         self.critic_engine.initialize()
         self.critic = PPOCritic(cfg, self.critic_engine)
+        self.critic_flops = flops_counter_for(self.critic_engine)
         return True
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -278,8 +302,10 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def update_critic(self, data: DataProto) -> dict:
+        t0 = time.time()
         metrics = self.critic.update_critic(data)
         metrics["critic/lr"] = self.critic_engine.lr_scheduler_step()
+        metrics["perf/mfu/critic"] = update_mfu(self.critic_flops, data, time.time() - t0, int(self.config.ppo_epochs))
         return metrics
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -188,6 +188,10 @@ class BaseEngine(ABC):
         """The underlying model (the HF module on FSDP; the mcore module list on Megatron)."""
         raise NotImplementedError
 
+    def model_hf_config(self):
+        """The Hugging Face config of the model this engine trains (FLOPs formulas and model specs read it)."""
+        return getattr(self.module, "config", None)
+
 
 # backend name -> engine class (or its dotted path, imported when first used, so megatron-core stays an
 # optional extra). Keys are the values users set in ``actor_rollout_ref.actor.strategy`` / ``critic.strategy``

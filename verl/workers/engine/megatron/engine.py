@@ -231,6 +231,9 @@ class MegatronEngine(BaseEngine):
     def module(self):
         return self.model
 
+    def model_hf_config(self):
+        return self.hf_config  # the mcore chunks carry a TransformerConfig, not the HF config
+
     # ------------------------------------------------------------------ compute
     def _micro_batches(self, data: DataProto, meta: dict, keys: list[str]):
         from verl.utils.seqlen_balancing import rearrange_micro_batches
