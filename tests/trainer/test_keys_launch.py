@@ -60,6 +60,12 @@ def test_ray_init_num_cpus_and_runtime_env_reach_ray(monkeypatch):
     assert "num_cpus" not in _launch(monkeypatch)["init"]  # null: left to Ray
     init = _launch(monkeypatch, "++ray_kwargs.ray_init.runtime_env.env_vars.MY_FLAG=yes")["init"]
     assert init["runtime_env"]["env_vars"]["MY_FLAG"] == "yes"
+    # Hydra types these as int, float and bool; Ray accepts only strings
+    env = _launch(monkeypatch, "++ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_V1=1",
+                  "++ray_kwargs.ray_init.runtime_env.env_vars.RATIO=0.5",
+                  "++ray_kwargs.ray_init.runtime_env.env_vars.NCCL_DEBUG_ON=true")["init"]["runtime_env"]["env_vars"]
+    assert (env["VLLM_USE_V1"], env["RATIO"], env["NCCL_DEBUG_ON"]) == ("1", "0.5", "true")
+    assert all(isinstance(v, str) for v in env.values())
     init = _launch(monkeypatch, "ray_kwargs.ray_init.runtime_env.py_executable=/opt/py/bin/python")["init"]
     assert init["runtime_env"]["py_executable"] == "/opt/py/bin/python"
 

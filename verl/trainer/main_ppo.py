@@ -100,7 +100,9 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
         # runtime_env (py_executable, env_vars, ...) goes to Ray as given; unset (null) fields are left out.
         runtime_env = {k: v for k, v in (init_kwargs.get("runtime_env") or {}).items() if v is not None}
         init_kwargs["runtime_env"] = runtime_env
-        runtime_env.setdefault("env_vars", {}).update({**env, **runtime_env.get("env_vars", {})})
+        # Ray takes only strings for env_vars, while Hydra types `...env_vars.VLLM_USE_V1=1` as an int.
+        user_env = {str(k): _env_value(v) for k, v in (runtime_env.get("env_vars") or {}).items()}
+        runtime_env["env_vars"] = {**env, **user_env}
         try:
             ray.init(**init_kwargs)
         except Exception as e:  # noqa: BLE001 - Ray raises many types; re-raise with the cause named
@@ -113,6 +115,11 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
                            cpus_per_worker=1, device_resource="NPU" if device == "npu" else "GPU")
     env = {"OMP_NUM_THREADS": str(threads), "VERL_CPU_THREADS": str(threads)}
     return create_ray_worker_groups(pool, specs, env=env, dp_sizes=role_dp_sizes(cfg, specs))
+
+
+def _env_value(value) -> str:
+    """An environment variable's text as the user wrote it (``true`` stays lower-case)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def run_ppo(cfg: DictConfig) -> dict:
