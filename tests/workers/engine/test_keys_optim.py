@@ -147,6 +147,16 @@ def test_num_cycles(key):
     assert lrs == pytest.approx([1.0, 0.5, 0.0, 0.5, 1.0], abs=1e-6)  # one full cosine period
 
 
+@pytest.mark.parametrize("key", ["actor_rollout_ref.actor.optim.zero_indexed_step", "critic.optim.zero_indexed_step",
+                                 "optim.zero_indexed_step"])
+def test_zero_indexed_step_false_counts_cosine_steps_from_one(key):
+    prefix = key.rsplit(".", 1)[0]
+    on = [f"{prefix}.lr=1.0", f"{prefix}.lr_scheduler_type=cosine", f"{prefix}.lr_warmup_steps=2"]
+    assert _lrs(_section(key, True, *on), 4, total=4) == pytest.approx([0.0, 0.5, 1.0, 0.5], abs=1e-6)
+    # torchtitan's convention: the first step already takes the second warm-up value
+    assert _lrs(_section(key, False, *on), 4, total=4) == pytest.approx([0.5, 1.0, 0.5, 0.0], abs=1e-6)
+
+
 # ------------------------------------------------------------------------------------------ megatron
 class _Recorder:
     calls: list[dict] = []

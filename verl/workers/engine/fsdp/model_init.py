@@ -168,5 +168,6 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg):
             raise ValueError("optim.lr_scheduler_type=cosine needs the total number of training steps")
         return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=warmup, num_training_steps=total,
                                                min_lr_ratio=float(optim_cfg.get("min_lr_ratio") or 0.0),
-                                               num_cycles=float(optim_cfg.get("num_cycles", 0.5)))
+                                               num_cycles=float(optim_cfg.get("num_cycles", 0.5)),
+                                               zero_indexed_step=bool(optim_cfg.get("zero_indexed_step", True)))
     raise ValueError(f"optim.lr_scheduler_type={style!r} is not supported; use constant or cosine")
