@@ -24,6 +24,7 @@ from .overrides import (
     check_overrides,
     config_key_paths,
     normalize_overrides,
+    settle_sequence_parallel,
     split_overrides,
     upstream_only_keys,
 )
@@ -90,6 +91,7 @@ def compose_config(
     else:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             cfg = _compose()
+    settle_sequence_parallel(cfg)
     if validate:
         validate_config(cfg)
     return cfg

@@ -19,6 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 __all__ = [
     "CONFIG_DIR",
     "LEGACY_ALIASES",
+    "SEQUENCE_PARALLEL_HOMES",
+    "settle_sequence_parallel",
     "normalize_overrides",
     "ConfigKeyError",
     "OPEN_DICT_PATTERNS",
@@ -420,6 +422,26 @@ def _legacy_target(key: str, tree: Any) -> Optional[tuple[str, bool, str, str]]:
             return target, True, old, new
         return None
     return None
+
+
+# Upstream moved Ulysses sequence parallelism from the role (its key there is marked deprecated) into the
+# role's FSDP engine section, and a role value above 1 still wins. Workers here read the role key.
+SEQUENCE_PARALLEL_HOMES = (("actor_rollout_ref.actor", "fsdp_config"), ("critic", "fsdp"))
+
+
+def settle_sequence_parallel(cfg: Any) -> None:
+    """Give each role one Ulysses size, read from the role key: the engine section's value moves there when
+    the role key is left at 1. Two different values above 1 stay for validation to refuse."""
+    from omegaconf import OmegaConf, open_dict
+
+    for role, engine in SEQUENCE_PARALLEL_HOMES:
+        section = OmegaConf.select(cfg, role, default=None)
+        if section is None or OmegaConf.select(section, engine, default=None) is None:
+            continue  # a role that is absent, or runs on Megatron
+        engine_sp = OmegaConf.select(section, f"{engine}.ulysses_sequence_parallel_size", default=1)
+        if isinstance(engine_sp, int) and engine_sp > 1 and section.get("ulysses_sequence_parallel_size", 1) == 1:
+            with open_dict(section):
+                section.ulysses_sequence_parallel_size = engine_sp
 
 
 def _is_null(ov) -> bool:

@@ -109,9 +109,15 @@ def _parallel_dp_size(c: Checker, section: str, strategy: str, world: int) -> Op
     return world // sp
 
 
-def sequence_parallel_size(c: Checker, section: str, packing_key: str, packing_name: str):
-    """``<section>.ulysses_sequence_parallel_size`` (FSDP2), which needs packed sequences; returns it."""
+def sequence_parallel_size(c: Checker, section: str, packing_key: str, packing_name: str, engine: str):
+    """``<section>.ulysses_sequence_parallel_size`` (FSDP2), which needs packed sequences; returns it. Its new
+    upstream home, ``<section>.<engine>.ulysses_sequence_parallel_size``, was moved there by
+    ``settle_sequence_parallel`` unless both are set."""
     sp = c.get(f"{section}.ulysses_sequence_parallel_size", 1)
+    engine_sp = c.get(f"{section}.{engine}.ulysses_sequence_parallel_size", 1)
+    if isinstance(engine_sp, int) and engine_sp > 1 and engine_sp != sp:
+        c.fail(f"{section}.{engine}.ulysses_sequence_parallel_size",
+               f"is {engine_sp} but `{section}.ulysses_sequence_parallel_size` is {sp}; set one of them.")
     if isinstance(sp, int) and sp > 1 and not c.flag(packing_key):
         c.fail(f"{section}.ulysses_sequence_parallel_size",
                f"is {sp} but sequence parallelism needs `{packing_name}=true`.")
@@ -136,7 +142,8 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
     check_checkpoint(c, f"{a}.checkpoint")
 
     if strategy == "fsdp2":
-        sequence_parallel_size(c, a, f"{a}.use_remove_padding", "actor_rollout_ref.model.use_remove_padding")
+        sequence_parallel_size(c, a, f"{a}.use_remove_padding", "actor_rollout_ref.model.use_remove_padding",
+                               "fsdp_config")
 
     if c.flag(f"{a}.use_dynamic_bsz"):
         c.integer(f"{a}.ppo_max_token_len_per_gpu", minimum=1)
@@ -262,7 +269,7 @@ def check_critic(c: Checker, world: Optional[int]) -> None:
     check_model(c, f"{k}.model")
     check_checkpoint(c, f"{k}.checkpoint")
     if strategy == "fsdp2":
-        sp = sequence_parallel_size(c, k, f"{k}.model.use_remove_padding", "critic.model.use_remove_padding")
+        sp = sequence_parallel_size(c, k, f"{k}.model.use_remove_padding", "critic.model.use_remove_padding", "fsdp")
         if world is not None and isinstance(sp, int) and sp > 0 and world % sp:
             c.fail(f"{k}.ulysses_sequence_parallel_size", f"({sp}) must divide the world size ({world}).")
     if c.flag(f"{k}.use_dynamic_bsz"):
