@@ -90,6 +90,30 @@ def test_optimizer_offload_moves_state_around_the_step(gloo, model_dir, key, mon
         assert moves == expected, value
 
 
+OFFLOAD_POLICY = ["actor_rollout_ref.actor.fsdp_config.offload_policy", "critic.fsdp.offload_policy",
+                  "engine.offload_policy", "actor_rollout_ref.actor.fsdp_config.param_offload"]
+
+
+@pytest.mark.parametrize("key", OFFLOAD_POLICY)
+def test_cpu_offload_policy_leaves_the_optimizer_state_in_host_memory(gloo, model_dir, key, monkeypatch):
+    """Under FSDP2's CPUOffloadPolicy (offload_policy, or param_offload) the parameters and so the optimizer step
+    live on the host: optimizer_offload must not move the state to the device (the step would mix devices)."""
+    from verl.workers.engine.fsdp.engine import FSDPEngine
+
+    moves = []
+    real = FSDPEngine.to
+    monkeypatch.setattr(FSDPEngine, "to", lambda self, device, model=True, optimizer=True, grad=True: (
+        moves.append(device), real(self, device, model, optimizer, grad))[1])
+    section = key.rsplit(".", 1)[0]
+    engine = build(model_dir, key, True, f"{section}.optimizer_offload=true")
+    assert engine.cpu_offload_policy and not engine.offload_optimizer
+    loss = sum(p.float().sum() for p in engine.module.parameters())
+    loss.backward()
+    engine.optimizer_step()
+    assert moves == []
+    assert not build(model_dir, key, False, f"{section}.optimizer_offload=true").cpu_offload_policy
+
+
 def _shard_kwargs(model_dir, key, value, monkeypatch):
     import verl.utils.fsdp_utils as fsdp_utils
 

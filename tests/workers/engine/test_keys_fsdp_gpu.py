@@ -1,5 +1,6 @@
 """The FSDP engine keys that only act on an accelerator: the compute dtype (``dtype``: FSDP2's mixed-precision
-policy over ``model_dtype`` master weights) and ``param_offload`` (FSDP2's CPUOffloadPolicy), for every role.
+policy over ``model_dtype`` master weights) and ``param_offload`` / ``offload_policy`` (FSDP2's CPUOffloadPolicy), for
+every role.
 
 On CPU the engine computes in the master dtype and parameters are in host memory anyway, so these run on a
 CUDA machine: pytest -m gpu tests/workers/engine/test_keys_fsdp_gpu.py. The key names are spelled out so
@@ -73,7 +74,9 @@ def test_dtype_is_the_compute_dtype(nccl, model_dir, key, monkeypatch):
 
 @pytest.mark.parametrize("key", ["actor_rollout_ref.actor.fsdp_config.param_offload",
                                  "actor_rollout_ref.ref.fsdp_config.param_offload", "critic.fsdp.param_offload",
-                                 "engine.param_offload"])
+                                 "engine.param_offload", "actor_rollout_ref.actor.fsdp_config.offload_policy",
+                                 "actor_rollout_ref.ref.fsdp_config.offload_policy", "critic.fsdp.offload_policy",
+                                 "engine.offload_policy"])
 def test_param_offload_keeps_parameters_in_host_memory(nccl, model_dir, key, monkeypatch):
     from torch.distributed.fsdp import CPUOffloadPolicy
 

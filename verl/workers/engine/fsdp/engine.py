@@ -22,7 +22,7 @@ from verl.utils.model_output import get_logits
 from verl.workers.engine.base import BaseEngine, LossFn, accumulate_metrics
 
 from .micro_batches import split_micro_batches
-from .model_init import build_lr_scheduler, build_module, build_optimizer
+from .model_init import build_lr_scheduler, build_module, build_optimizer, uses_cpu_offload_policy
 from .packing import pack_micro_batch, unpack_to_padded
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,9 @@ class FSDPEngine(BaseEngine):
         self.checkpoint_manager = None
         self._module: Optional[torch.nn.Module] = None
         self.device = compute_device()
-        self.offload_optimizer = bool(_get(engine_config, "optimizer_offload", False))
+        self.cpu_offload_policy = uses_cpu_offload_policy(engine_config)
+        # Under the CPU offload policy the optimizer state already lives (and steps) in host memory.
+        self.offload_optimizer = bool(_get(engine_config, "optimizer_offload", False)) and not self.cpu_offload_policy
         self.activation_offload = bool(_get(model_config, "enable_activation_offload", False)) and role != "ref"
 
     # ------------------------------------------------------------------------------------ life cycle
@@ -389,8 +391,7 @@ class FSDPEngine(BaseEngine):
         from verl.utils.fsdp_utils import move_grads, move_optimizer_state
 
         target = torch.device("cpu") if device == "cpu" else self.device
-        if model and not bool(_get(self.engine_config, "param_offload", False)):
-            # (with param_offload FSDP2's CPUOffloadPolicy already owns parameter placement)
+        if model and not self.cpu_offload_policy:  # else FSDP2's CPUOffloadPolicy owns parameter placement
             self._module.to(target)
         if optimizer and self.optimizer is not None:
             move_optimizer_state(self.optimizer, target)

@@ -55,6 +55,18 @@ def apply_liger(model: torch.nn.Module) -> None:
     logger.info("applied Liger kernels to %s", type(model).__name__)
 
 
+def uses_cpu_offload_policy(fsdp_cfg) -> bool:
+    """Whether FSDP2's CPUOffloadPolicy holds the parameters in host memory: ``param_offload`` here, or
+    upstream's ``offload_policy`` (the same policy under its FSDP2 name). The optimizer then steps on the host
+    too, so ``optimizer_offload`` has nothing left to move."""
+    def setting(key):
+        if fsdp_cfg is None:
+            return None
+        return fsdp_cfg.get(key) if hasattr(fsdp_cfg, "get") else getattr(fsdp_cfg, key, None)
+
+    return bool(setting("param_offload")) or bool(setting("offload_policy"))
+
+
 def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enable_gc: bool = False,
                  use_fused_kernels: Optional[bool] = None) -> BuiltModel:
     """Load the HF model for ``role`` (actor/ref/critic/sft) through its model spec, patch it, add LoRA or
@@ -118,7 +130,7 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
         if param_dtype != dtype:
             mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
         model = model.to(device)
-    apply_fsdp2(model, mesh, mp, param_offload=bool(fsdp_cfg.get("param_offload", False)) and not on_cpu,
+    apply_fsdp2(model, mesh, mp, param_offload=uses_cpu_offload_policy(fsdp_cfg) and not on_cpu,
                 reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
                 wrap_policy=fsdp_cfg.get("wrap_policy"))
     if role == "ref":
