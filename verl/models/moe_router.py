@@ -13,6 +13,8 @@ then requested only in forwards that train (module in train mode with grad enabl
 ``router_aux_loss_coef * aux_loss`` (the coefficient from the HF config; change it with
 ``model.override_config.router_aux_loss_coef``) reaches the router through the logits' backward, so no loss
 code has to know about it. Each micro-batch contributes its own aux loss with the full coefficient.
+The SFT trainer's ``model.enable_router_aux_loss`` opts in the same way for supervised fine-tuning, where
+load balancing is usually wanted (it stays off by default there too, so a run says when it trains the router).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 
 import torch
 
-__all__ = ["configure_moe_router", "router_configs"]
+__all__ = ["ROUTER_TRAINING_ROLES", "configure_moe_router", "router_configs"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +57,12 @@ def _training_forward(module) -> bool:
     return module.training and torch.is_grad_enabled()
 
 
+# Roles whose model may train its router with the load-balancing loss: the RL actor and the SFT model.
+ROUTER_TRAINING_ROLES = ("actor", "sft")
+
+
 def configure_moe_router(model: torch.nn.Module, model_cfg, role: str) -> bool:
-    """Router logits off for ``model``; on in training forwards of the actor only when
+    """Router logits off for ``model``; on in training forwards of the actor or the SFT model only when
     ``model_cfg.enable_router_aux_loss``. Returns whether the aux loss trains. Dense models: no-op."""
     configs = router_configs(getattr(model, "config", None))
     enable = bool(model_cfg.get("enable_router_aux_loss", False)) if model_cfg is not None else False
@@ -66,7 +72,7 @@ def configure_moe_router(model: torch.nn.Module, model_cfg, role: str) -> bool:
         if getattr(cfg, "output_router_logits", False):
             logger.info("%s: the checkpoint sets output_router_logits=true; turned off for RL", role)
         cfg.output_router_logits = False
-    if not enable or role != "actor":  # the reference policy and the critic never train a router
+    if not enable or role not in ROUTER_TRAINING_ROLES:  # the reference policy and the critic never train one
         return False
     coef = float(getattr(configs[-1], "router_aux_loss_coef", 0.0) or 0.0)
 
@@ -90,5 +96,5 @@ def configure_moe_router(model: torch.nn.Module, model_cfg, role: str) -> bool:
 
     model.register_forward_pre_hook(request_router_logits, with_kwargs=True)
     model.register_forward_hook(add_aux_loss, with_kwargs=True)
-    logger.info("actor: router aux loss on (coefficient %s) in training forwards", coef)
+    logger.info("%s: router aux loss on (coefficient %s) in training forwards", role, coef)
     return True

@@ -104,6 +104,9 @@ def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
         problems.append(f"`{key}` with `engine=megatron`: LoRA SFT runs on the FSDP engine only; use "
                         "`engine=fsdp` for LoRA, or `model.lora_rank=0` (and no `model.lora_adapter_path`) "
                         "for full fine-tuning on Megatron")
+    if strategy == "megatron" and cfg.model.get("enable_router_aux_loss"):
+        problems.append("`model.enable_router_aux_loss=true` with `engine=megatron`: the MoE load-balancing loss "
+                        "is built on the FSDP engine only (Megatron's router trains without it); use `engine=fsdp`")
     if t.resume_mode not in ("auto", "disable", "resume_path"):
         problems.append(f"`trainer.resume_mode={t.resume_mode!r}`; use auto, disable or resume_path")
     for key in ("save_freq", "test_freq"):

@@ -140,6 +140,13 @@ def test_lora_is_refused_on_megatron(qwen35_dir):
     assert any("`actor_rollout_ref.model.lora_rank`" in p and "megatron" in p.lower() for p in problems), problems
 
 
+def test_router_aux_loss_is_refused_on_megatron(qwen35_dir):
+    problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}",
+                                           "actor_rollout_ref.model.enable_router_aux_loss=true"])
+    assert any("`actor_rollout_ref.model.enable_router_aux_loss=true` with actor_rollout_ref.actor.strategy=megatron"
+               in p for p in problems), problems
+
+
 def test_mbridge_config_is_refused(qwen35_dir):
     from omegaconf import OmegaConf
 

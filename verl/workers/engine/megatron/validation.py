@@ -66,6 +66,10 @@ def _role_problems(cfg: DictConfig, role_key: str, model_key: str, check_model: 
     if (_select(cfg, f"{model_key}.lora_rank", 0) or 0) > 0 or _select(cfg, f"{model_key}.lora_adapter_path"):
         problems.append(f"`{model_key}.lora_rank` > 0 with {role_key}.strategy=megatron: LoRA is not built on the "
                         f"Megatron engine (see {_DOCS}); use strategy=fsdp2 for LoRA, or set lora_rank=0.")
+    if _select(cfg, f"{model_key}.enable_router_aux_loss", False):
+        problems.append(f"`{model_key}.enable_router_aux_loss=true` with {role_key}.strategy=megatron: the MoE "
+                        "load-balancing loss is built on the FSDP engine only (Megatron's router trains without "
+                        "it); use strategy=fsdp2, or set it to false.")
     mbridge = _select(cfg, f"{role_key}.checkpoint.mbridge_config") or {}
     if mbridge:
         problems.append(f"`{role_key}.checkpoint.mbridge_config` is not supported: this project converts "
