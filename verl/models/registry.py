@@ -55,6 +55,9 @@ class ModelSpec:
     # Key of the model in verl.models.mcore's registry (read by its get_supported_model); None: not on Megatron
     # unless registered there under the checkpoint's architecture.
     mcore_model: Optional[str] = None
+    # Oldest vLLM release (with its matching vLLM-Ascend) that runs this architecture on Ascend NPUs, checked
+    # before a rollout engine starts there; None: any release in the patches' supported window.
+    min_vllm_ascend: Optional[str] = None
 
     def resolve(self, field_name: str):
         """Import a dotted-path field (``weight_sync_layout``, ``flops_fn``); None stays None."""
@@ -93,6 +96,7 @@ def _qwen(arch, family, is_vl, is_moe, text_class):
         weight_sync_layout="verl.workers.weight_sync.names.Qwen35Layout",
         flops_fn="verl.utils.flops_counter.qwen3_5_forward_flops",
         mcore_model=arch,
+        min_vllm_ascend="0.18.0",  # Gated DeltaNet and Qwen3.5-MoE first run on vLLM-Ascend 0.18.0
     )
 
 

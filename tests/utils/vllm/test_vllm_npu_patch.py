@@ -20,11 +20,20 @@ def test_outside_window_names_versions(version):
         npp.check_vllm_version(version)
 
 
-def test_qwen3_5_needs_0_18():
-    with pytest.raises(npp.UnsupportedVllmVersion, match=r"qwen3_5_moe on Ascend needs vllm>=0\.18\.0"):
-        npp.check_vllm_version("0.14.0", "qwen3_5_moe")
-    npp.check_vllm_version("0.14.0", "qwen3_moe")
-    npp.check_vllm_version("0.18.0", "qwen3_5")
+def _config(model_type, architecture):
+    return types.SimpleNamespace(model_type=model_type, architectures=[architecture])
+
+
+def test_qwen3_5_needs_its_model_specs_floor():
+    """The floor comes from the model spec (ModelSpec.min_vllm_ascend), found by the checkpoint's architecture."""
+    from verl.models.registry import get_model_spec
+
+    moe = _config("qwen3_5_moe", "Qwen3_5MoeForCausalLM")
+    assert get_model_spec(moe).min_vllm_ascend == "0.18.0"
+    with pytest.raises(npp.UnsupportedVllmVersion, match=r"Qwen3_5MoeForCausalLM on Ascend needs vllm>=0\.18\.0"):
+        npp.check_vllm_version("0.14.0", moe)
+    npp.check_vllm_version("0.14.0", _config("qwen3_moe", "Qwen3MoeForCausalLM"))  # generic spec: no floor
+    npp.check_vllm_version("0.18.0", _config("qwen3_5", "Qwen3_5ForConditionalGeneration"))
 
 
 class _FakeFusedMoE:
@@ -52,7 +61,7 @@ def test_loader_wrapper_restores_checkpoint_layout():
 
 
 def test_apply_is_noop_off_npu():
-    assert npp.apply_npu_vllm_patches("qwen3_5") is False
+    assert npp.apply_npu_vllm_patches(_config("qwen3_5", "Qwen3_5ForCausalLM")) is False
 
 
 def test_apply_with_fake_vllm(monkeypatch):
@@ -67,7 +76,8 @@ def test_apply_with_fake_vllm(monkeypatch):
     fake["vllm.model_executor.layers"].fused_moe = fused_moe
     for k, v in fake.items():
         monkeypatch.setitem(sys.modules, k, v)
-    assert npp.apply_npu_vllm_patches("qwen3_5_moe", force=True)
+    moe = _config("qwen3_5_moe", "Qwen3_5MoeForCausalLM")
+    assert npp.apply_npu_vllm_patches(moe, force=True)
     fake["vllm"].__version__ = "0.20.0"
     with pytest.raises(npp.UnsupportedVllmVersion):
-        npp.apply_npu_vllm_patches("qwen3_5_moe", force=True)
+        npp.apply_npu_vllm_patches(moe, force=True)

@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Optional
 
 from .ascend_moe import CHECKPOINT, RUNTIME
 
 logger = logging.getLogger(__name__)
 
 # [min, max): the vLLM releases these patches were written and checked against. 0.13 is the first with
-# vLLM-Ascend's FusedMoE loader interface used below; Qwen3.5 on vLLM-Ascend needs 0.18 (see below).
+# vLLM-Ascend's FusedMoE loader interface used below. A model may need a later release: its model spec's
+# ``min_vllm_ascend`` (Qwen3.5: 0.18.0) is checked too.
 SUPPORTED_VLLM_RANGE = ("0.13.0", "0.19.0")
-# Qwen3.5's Gated DeltaNet / MoE models first run on vLLM-Ascend 0.18.0 (paired vllm 0.18.0).
-QWEN3_5_MIN_VLLM = "0.18.0"
 _PATCHED_MARK = "_verl_npu_moe_loader_patched"
 
 
@@ -39,8 +37,9 @@ def _version(v: str):
     return Version(Version(v).base_version)  # 0.18.0rc1 / 0.18.0+ascend count as 0.18.0
 
 
-def check_vllm_version(vllm_version: str, model_type: Optional[str] = None) -> None:
-    """Raise :class:`UnsupportedVllmVersion` when ``vllm_version`` is outside the supported window."""
+def check_vllm_version(vllm_version: str, hf_config=None) -> None:
+    """Raise :class:`UnsupportedVllmVersion` when ``vllm_version`` is outside the supported window, or older
+    than what ``hf_config``'s model spec needs on Ascend (``ModelSpec.min_vllm_ascend``)."""
     lo, hi = SUPPORTED_VLLM_RANGE
     v = _version(vllm_version)
     if not (_version(lo) <= v < _version(hi)):
@@ -48,9 +47,14 @@ def check_vllm_version(vllm_version: str, model_type: Optional[str] = None) -> N
             f"verl's vLLM-Ascend patches support vllm>={lo},<{hi}; found vllm {vllm_version}. Install the "
             f"pinned NPU stack (requirements-npu.txt: vllm / vllm-ascend 0.18.0 with torch / torch_npu 2.9.0)."
         )
-    if model_type and model_type.startswith("qwen3_5") and v < _version(QWEN3_5_MIN_VLLM):
+    if hf_config is None:
+        return
+    from verl.models.registry import get_model_spec
+
+    spec = get_model_spec(hf_config)
+    if spec.min_vllm_ascend and v < _version(spec.min_vllm_ascend):
         raise UnsupportedVllmVersion(
-            f"{model_type} on Ascend needs vllm>={QWEN3_5_MIN_VLLM} (with the matching vllm-ascend); "
+            f"{spec.architecture} on Ascend needs vllm>={spec.min_vllm_ascend} (with the matching vllm-ascend); "
             f"found vllm {vllm_version}."
         )
 
@@ -95,8 +99,9 @@ def is_npu_available() -> bool:
     return hasattr(torch, "npu") and torch.npu.is_available()
 
 
-def apply_npu_vllm_patches(model_type: Optional[str] = None, *, force: bool = False) -> bool:
-    """Apply the NPU patches before the engine is created; returns whether anything was patched.
+def apply_npu_vllm_patches(hf_config=None, *, force: bool = False) -> bool:
+    """Apply the NPU patches before the engine for ``hf_config``'s model is created; returns whether anything
+    was patched.
 
     No-op (False) off NPU unless ``force`` (used by tests with fake modules).
     """
@@ -107,14 +112,13 @@ def apply_npu_vllm_patches(model_type: Optional[str] = None, *, force: bool = Fa
         from vllm.model_executor.layers import fused_moe
     except ImportError as e:
         raise ImportError(f"vLLM is required on NPU ({e}); install requirements-npu.txt") from e
-    check_vllm_version(vllm.__version__, model_type)
+    check_vllm_version(vllm.__version__, hf_config)
     patched = patch_fused_moe_class(getattr(fused_moe, "FusedMoE", None))
     logger.info("vLLM-Ascend FusedMoE loader patch %s", "applied" if patched else "not applicable")
     return patched
 
 
 __all__ = [
-    "QWEN3_5_MIN_VLLM",
     "RUNTIME",
     "SUPPORTED_VLLM_RANGE",
     "UnsupportedVllmVersion",

@@ -143,7 +143,7 @@ class vLLMRollout(BaseRollout):
 
             if kwargs.get("enable_sleep_mode"):
                 require_nz_disabled()
-            apply_npu_vllm_patches(getattr(self.hf_config, "model_type", None))
+            apply_npu_vllm_patches(self.hf_config)
         logger.info("creating vLLM engine: %s", {k: v for k, v in kwargs.items() if k != "model"})
         with rope_ignore_keys_as_set():
             return vllm.LLM(**kwargs)
