@@ -27,6 +27,7 @@ WARMUP=${WARMUP:-2}
 OPTIMIZER=${OPTIMIZER:-adamw}
 TOL=${TOL:-auto}
 DELTA=${DELTA:-0}
+PY="${PYTHON:-python3}"
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 VERL_DEMO_DIR=${VERL_DEMO_DIR:-$WORK/demo}
 
@@ -57,21 +58,21 @@ run() {  # name, then the run's own overrides
     local name=$1
     shift
     rm -rf "${WORK:?}/$name" "$OUT/$name.jsonl"
-    VERL_FILE_LOGGER_PATH="$OUT/$name.jsonl" timeout 300 python -m verl.trainer.sft_trainer "${COMMON[@]}" "$@" \
+    VERL_FILE_LOGGER_PATH="$OUT/$name.jsonl" timeout 300 "$PY" -m verl.trainer.sft_trainer "${COMMON[@]}" "$@" \
         trainer.default_local_dir="$WORK/$name" 2>&1 | tee "$OUT/$name.log" | grep -E "^step:|[Ee]rror" || true
 }
 
 run fsdp "${FSDP_OPTIM[@]}" data.micro_batch_size_per_gpu=8
 run megatron engine=megatron engine.use_remove_padding=true "${MCORE_OPTIM[@]}" data.micro_batch_size_per_gpu=8
 if [ "$DELTA" = 1 ]; then
-    python scripts/gpu_sft_delta.py "$WORK" | tee "$OUT/delta.txt"
+    "$PY" scripts/gpu_sft_delta.py "$WORK" | tee "$OUT/delta.txt"
     exit 0
 fi
 if [ "$TOL" = auto ]; then
     run fsdp_noise "${FSDP_OPTIM[@]}" data.micro_batch_size_per_gpu=4
 fi
 
-python - "$OUT" "$TOL" <<'PY'
+"$PY" - "$OUT" "$TOL" <<'PY'
 import json
 import os
 import sys

@@ -7,7 +7,15 @@
 #                                      in-process launcher; timing breakdown from the file logger)
 #   4. benchmarks/bench_actor_throughput.py  ((a) packed vs stock padded useful tokens/s, (c) MFU)
 #   5. benchmarks/bench_logprob.py    ((b) fused log-prob + entropy: peak memory and time)
-#   6. a summary: each part's exit code and time, then every result table again
+#   6. the issue scripts, each with its own parts and limits, logs under $OUT/<part>/:
+#        megatron  scripts/gpu_megatron.sh  (Megatron engine: GPU tests, 3-step GRPO + resume, parity with FSDP,
+#                                            throughput row)
+#        sft       scripts/gpu_sft.sh       (5 SFT steps, Megatron vs FSDP, bf16 noise measured in the run)
+#        rollout   scripts/gpu_rollout.sh   (hf engine GPU tests, engine vs generate benchmark, GRPO step)
+#   7. a summary: each part's exit code and time, then every result table again
+#
+# The device tool allows 10 minutes per call: run the parts in groups, e.g.
+#   SUITE_PARTS="smi pytest grpo actor logprob"; SUITE_PARTS=megatron; SUITE_PARTS="sft rollout"
 #
 # Each part runs under its own time limit and a failure never stops the next one. Everything is tee'd into
 # $OUT/gpu_suite.log (default ./gpu_suite_out/ when OUT is unset), each part also into its own log.
@@ -28,7 +36,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 case ":${PYTHONPATH:-}:" in *":$PWD:"*) ;; *) export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" ;; esac
 PY="${PYTHON:-python3}"
 # pytest last: the benchmarks compile and autotune the fla/Triton kernels first (cold compiles stalled it once)
-PARTS="${SUITE_PARTS:-smi grpo actor logprob pytest}"
+PARTS="${SUITE_PARTS:-smi grpo actor logprob pytest megatron sft rollout}"
 SMOKE="${SUITE_SMOKE:-0}"
 SUITE_START=$SECONDS
 declare -A RC SECS
@@ -74,7 +82,8 @@ EOF"
         # run stalled >100 s in tests/models/test_gdn_fla_gpu.py::test_fla_conv_matches_torch
         PT_TIMEOUT=()
         "$PY" -c "import pytest_timeout" 2>/dev/null && PT_TIMEOUT=(--timeout "${T_PER_TEST:-150}")
-        run_part pytest "${T_PYTEST:-240}" "$PY" -m pytest -v -m gpu tests/models tests/utils/kernel -p no:cacheprovider -rsfE \
+        run_part pytest "${T_PYTEST:-240}" "$PY" -m pytest -v -m gpu tests/models tests/utils/kernel \
+            tests/workers/engine/test_keys_fsdp_gpu.py -p no:cacheprovider -rsfE \
             --continue-on-collection-errors --durations=8 "${PT_TIMEOUT[@]}"
         ;;
     grpo)
@@ -99,6 +108,10 @@ EOF"
         else
             run_part logprob "${T_LOGPROB:-60}" "$PY" benchmarks/bench_logprob.py
         fi
+        ;;
+    megatron | sft | rollout)
+        # the issue scripts keep their own per-part limits; this limit only bounds the whole script
+        run_part "$part" "${T_ISSUE:-590}" env OUT="$OUT/$part" PARTS= bash "scripts/gpu_$part.sh"
         ;;
     *) say "unknown part $part" ;;
     esac
