@@ -1,0 +1,184 @@
+"""The several-GPU checks (one host, Ray launcher): FSDP2 on 1 vs 2 GPUs, and Megatron GRPO at TP / EP / PP = 2.
+
+    python scripts/gpu_multi.py fsdp        # the demo's first GRPO step on 1 and on 2 GPUs (FSDP2, Ray): same
+                                            # pg_loss / grad_norm / entropy within the stated tolerance;
+                                            # tokens/s per GPU (perf/throughput) of each
+    python scripts/gpu_multi.py megatron    # 3 GRPO steps through main_ppo --config-name ppo_megatron_trainer on
+                                            # 2 GPUs with TP=2 (dense), EP=2 (MoE) and PP=2 (dense); every step
+                                            # syncs the sharded weights into the hf rollout, whose coverage check
+                                            # fails the run if a weight is missed
+    python scripts/gpu_multi.py check       # compose and validate every command above (CPU, no run)
+
+``fsdp`` also runs on CPU (``--device cpu``: Ray workers on CPU, fp32), where the two layouts must agree to
+1e-4. Both layouts see the same batch: the rollout is greedy (``do_sample=false``), so responses do not depend
+on each rank's sampling seed, and the estimator is REINFORCE++ (batch-whitened returns), whose advantages are
+not zero for identical responses as GRPO's would be. Megatron's packed log-probs at TP / EP = 2 against Hugging
+Face are a pytest (tests/models/mcore/test_mcore_qwen3_5_parallel_gpu.py); scripts/gpu_multi.sh runs both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PARITY_KEYS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "response_length/mean")
+
+
+def _fsdp_overrides(n_gpus: int, device: str, log_dir: Path) -> list[str]:
+    return [
+        "--config-name", "demo", "trainer.launcher=ray", f"trainer.device={device}", "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={n_gpus}", "trainer.total_training_steps=1", "trainer.val_before_train=false",
+        "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={log_dir / 'ckpt'}",
+        "actor_rollout_ref.rollout.do_sample=false", "algorithm.adv_estimator=reinforce_plus_plus",
+        # 8 prompts x 8 responses: 64 per step, 32 per GPU on two; one micro-batch of 32 on either layout
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+    ]
+
+
+def _megatron_cases() -> dict[str, tuple[str, list[str]]]:
+    """name -> (model kind, overrides) for the three 2-GPU layouts."""
+    return {
+        "tp2": ("dense", ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"]),
+        "ep2": ("moe", ["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"]),
+        "pp2": ("dense", ["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"]),
+    }
+
+
+def _megatron_overrides(model_dir: Path, data: Path, ckpt: Path, device: str, extra: list[str]) -> list[str]:
+    return [
+        "--config-name", "ppo_megatron_trainer", "trainer.launcher=ray", f"trainer.device={device}",
+        "trainer.nnodes=1", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=3",
+        "trainer.logger=[console,file]", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.save_freq=-1", f"trainer.default_local_dir={ckpt}",
+        f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data}", f"data.val_files={data}",
+        "data.train_batch_size=8", "data.max_prompt_length=512", "data.max_response_length=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.megatron.use_remove_padding=true", "algorithm.adv_estimator=grpo", *extra,
+    ]
+
+
+def _run_main_ppo(overrides: list[str], log: Path, cwd: Path, timeout: int) -> tuple[int, list[dict]]:
+    if log.exists():
+        log.unlink()
+    env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(log), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (env.get("PYTHONPATH", ""), str(REPO)) if x)
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+    print("[multi] " + " ".join(cmd), flush=True)
+    t0 = time.time()
+    try:
+        rc = subprocess.call(cmd, cwd=str(cwd), env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        rc = 124
+    print(f"[multi] exit {rc} after {time.time() - t0:.1f}s", flush=True)
+    records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+    return rc, [r for r in records if "actor/pg_loss" in r["data"]]
+
+
+def fsdp(args) -> int:
+    work = Path(args.workdir) / "fsdp"
+    work.mkdir(parents=True, exist_ok=True)
+    runs = {}
+    for n in (1, 2):
+        rc, steps = _run_main_ppo(_fsdp_overrides(n, args.device, work / f"gpus{n}"), work / f"gpus{n}.jsonl",
+                                  work, args.timeout)
+        if rc or not steps:
+            print(f"[multi fsdp] the {n}-GPU run failed (exit {rc})", flush=True)
+            return 1
+        runs[n] = steps[0]["data"]
+    tol = args.tol if args.tol is not None else (1e-4 if args.device == "cpu" else 2e-2)
+    print(f"\n=== FSDP2, first GRPO step of the demo on 1 vs 2 {args.device.upper()}s (same greedy batch) ===")
+    print("| metric | 1 GPU | 2 GPUs | relative difference |")
+    print("|---|---:|---:|---:|")
+    worst = 0.0
+    for key in PARITY_KEYS:
+        a, b = runs[1][key], runs[2][key]
+        rel = abs(a - b) / max(abs(a), 1e-8)
+        if key.startswith("actor/"):
+            worst = max(worst, rel)
+        print(f"| {key} | {a:.6g} | {b:.6g} | {rel:.2e} |")
+    for key in ("perf/throughput", "perf/time_per_step"):
+        print(f"| {key} | {runs[1][key]:.6g} | {runs[2][key]:.6g} | - |")
+    ok = worst <= tol
+    print(f"[multi fsdp] {'OK' if ok else 'FAILED'}: worst actor difference {worst:.2e} (tolerance {tol:.0e}; "
+          "perf/throughput is tokens/s per GPU)", flush=True)
+    return 0 if ok else 1
+
+
+def _assets(work: Path, kind: str) -> tuple[Path, Path]:
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_grpo_step import build_data
+
+    from verl.models.tiny import build_tiny_qwen3_5
+
+    model_dir = work / f"tiny_{kind}"
+    if not (model_dir / "config.json").exists():
+        build_tiny_qwen3_5(str(model_dir), kind=kind, seed=0)
+    data = work / "data" / "train.parquet"
+    if not data.exists():
+        build_data(data, n_rows=64, filler_chars=100)
+    return model_dir, data
+
+
+def megatron(args) -> int:
+    work = Path(args.workdir) / "megatron"
+    work.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name, (kind, extra) in _megatron_cases().items():
+        if args.cases and name not in args.cases:
+            continue
+        model_dir, data = _assets(work, kind)
+        rc, steps = _run_main_ppo(_megatron_overrides(model_dir, data, work / f"ckpt_{name}", args.device, extra),
+                                  work / f"{name}.jsonl", work, args.timeout)
+        results[name] = (rc, steps)
+    print("\n=== Megatron GRPO on 2 GPUs: 3 steps per layout (hf rollout, weight sync with coverage check) ===")
+    print("| layout | exit | steps | pg_loss (1, 2, 3) | grad_norm (1, 2, 3) |")
+    print("|---|---:|---|---|---|")
+    ok = True
+    for name, (rc, steps) in results.items():
+        pg = ", ".join(f"{s['data']['actor/pg_loss']:.4g}" for s in steps)
+        gn = ", ".join(f"{s['data']['actor/grad_norm']:.4g}" for s in steps)
+        print(f"| {name} | {rc} | {[s['step'] for s in steps]} | {pg} | {gn} |")
+        ok = ok and rc == 0 and [s["step"] for s in steps] == [1, 2, 3]
+    print(f"[multi megatron] {'OK' if ok else 'FAILED'}", flush=True)
+    return 0 if ok else 1
+
+
+def check(args) -> int:
+    """Compose and validate every command of this script (no run): they must stay valid as the config moves."""
+    from verl.trainer.main_ppo import load_config
+
+    work = Path(args.workdir) / "check"
+    for n in (1, 2):
+        load_config(_fsdp_overrides(n, args.device, work))
+    for name, (kind, extra) in _megatron_cases().items():
+        model_dir, data = _assets(work, kind)
+        load_config(_megatron_overrides(model_dir, data, work / f"ckpt_{name}", args.device, extra))
+    print("[multi check] every command composes and validates", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["fsdp", "megatron", "check"])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--workdir", default="/tmp/verl_multi")
+    p.add_argument("--timeout", type=int, default=540, help="seconds per main_ppo launch")
+    p.add_argument("--tol", type=float, default=None, help="relative tolerance (default: 1e-4 CPU, 2e-2 GPU bf16)")
+    p.add_argument("--cases", nargs="*", default=None, help="megatron layouts to run (tp2 ep2 pp2)")
+    args = p.parse_args(argv)
+    return {"fsdp": fsdp, "megatron": megatron, "check": check}[args.what](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
