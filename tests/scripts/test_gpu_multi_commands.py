@@ -35,3 +35,12 @@ def test_an_invalid_layout_would_be_caught(tmp_path):
         assert "tensor_model_parallel_size=4 does not divide num_key_value_heads" in str(err)
     else:
         raise AssertionError("TP=4 on a model with 2 KV heads validated")
+
+
+def test_fsdp_part_on_cpu_two_ranks_equal_one(tmp_path):
+    """The script's FSDP part on CPU (Ray, fp32): the demo's first step on 2 data-parallel ranks gives the 1-rank
+    step's grad norm and entropy (to 1e-4), and a non-zero gradient (the script refuses a vacuous comparison)."""
+    proc = subprocess.run([sys.executable, "scripts/gpu_multi.py", "fsdp", "--device", "cpu",
+                           "--workdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[multi fsdp] OK" in proc.stdout
