@@ -14,7 +14,7 @@ import functools
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 __all__ = [
     "CONFIG_DIR",
@@ -432,8 +432,6 @@ SEQUENCE_PARALLEL_HOMES = (("actor_rollout_ref.actor", "fsdp_config"), ("critic"
 def settle_sequence_parallel(cfg: Any) -> None:
     """Give each role one Ulysses size, read from the role key: the engine section's value moves there when
     the role key is left at 1. Two different values above 1 stay for validation to refuse."""
-    from omegaconf import OmegaConf, open_dict
-
     for role, engine in SEQUENCE_PARALLEL_HOMES:
         section = OmegaConf.select(cfg, role, default=None)
         if section is None or OmegaConf.select(section, engine, default=None) is None:
