@@ -264,3 +264,19 @@ def test_data_parallel_size_of_megatron_roles(qwen35_dir):
     assert ranks_per_dp_replica({"strategy": "fsdp2", "ulysses_sequence_parallel_size": 2}) == 2
     if HAS_MCORE:
         assert role_dp_sizes(cfg, build_role_specs(cfg, use_critic=False)) == {"actor_rollout": 4}
+
+
+def test_megatron_masters_are_seeded_only_where_loading_rounded():
+    """``loses_precision`` decides which checkpoint tensors the Megatron engine keeps to seed its fp32 master
+    weights: fp32 values off the bf16 grid, and nothing for a bf16 checkpoint or fp32 parameters."""
+    import torch
+
+    from verl.workers.engine.megatron.weights import loses_precision
+
+    bf16_param = torch.zeros(8, dtype=torch.bfloat16)
+    fp32 = torch.randn(8, generator=torch.Generator().manual_seed(0))
+    assert loses_precision(fp32, bf16_param)
+    assert not loses_precision(fp32.bfloat16().float(), bf16_param)  # fp32 storage, values on the bf16 grid
+    assert not loses_precision(fp32.bfloat16(), bf16_param)
+    assert not loses_precision(fp32, torch.zeros(8))  # fp32 parameters keep everything
+    assert not loses_precision(torch.arange(8), bf16_param)  # integer buffers are not weights

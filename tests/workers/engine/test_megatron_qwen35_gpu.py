@@ -128,3 +128,43 @@ def test_checkpoint_resume_is_exact_and_hf_copy_follows(checkpoints, tmp_path):
         assert torch.equal(p.detach(), exported[name].to(p.dtype)), name
     # the HF export written with the checkpoint loads as a plain HF model
     assert (tmp_path / "ckpt" / "huggingface" / "config.json").exists()
+
+
+def test_fp32_checkpoint_seeds_the_fp32_master_weights(checkpoints):
+    """An fp32 checkpoint in bf16 parameters: the optimizer's fp32 masters hold the checkpoint's own values
+    (as FSDP's fp32 parameters do), not the bf16-rounded parameters; the parameters are their bf16 rounding."""
+    import glob
+    import os
+
+    from safetensors.torch import load_file
+
+    path = checkpoints["dense"]
+    hf = {}
+    for f in glob.glob(os.path.join(path, "*.safetensors")):
+        hf.update(load_file(f))
+    embed = hf["model.embed_tokens.weight"]
+    assert embed.dtype == torch.float32 and not torch.equal(embed.to(torch.bfloat16).float(), embed)
+    embed = embed.flatten()
+    eng = make_engine(path, dtype="bfloat16")
+    eng.to("device")
+    emb = next(p for n, p in eng.model[0].named_parameters() if n.endswith("embedding.word_embeddings.weight"))
+    opt = eng.optimizer
+    pairs = []  # (model param, its fp32 master, the master's slice of the flattened param)
+    for o in getattr(opt, "chained_optimizers", [opt]):
+        if hasattr(o, "shard_fp32_from_float16_groups"):  # distributed optimizer: masters are shards
+            for mg, sg in zip(o.model_float16_groups, o.shard_fp32_from_float16_groups):
+                for p, m in zip(mg, sg):
+                    r = o._get_model_param_range_map(p)["param"]
+                    pairs.append((p, m, slice(r.start, r.end)))
+        else:
+            for mg, sg in zip(o.float16_groups, o.fp32_from_float16_groups):
+                pairs += [(p, m, slice(None)) for p, m in zip(mg, sg)]
+    assert pairs
+    seen_embedding = 0
+    for p, m, sl in pairs:
+        master = m.detach().view(-1)
+        assert torch.equal(master.to(torch.bfloat16), p.detach().view(-1)[sl])
+        if p is emb:
+            assert torch.equal(master.cpu(), embed[sl])
+            seen_embedding += 1
+    assert seen_embedding == 1

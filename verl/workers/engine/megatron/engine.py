@@ -131,9 +131,9 @@ class MegatronEngine(BaseEngine):
         is_value = self.role == "critic"
         chunks = build.build_model_chunks(self.tfconfig, self.hf_config, registry.init_mcore_model, s, tie,
                                           value=is_value)
-        from .weights import load_initial_weights
+        from .weights import load_initial_weights, seed_master_weights
 
-        load_initial_weights(self, chunks, path)
+        masters = load_initial_weights(self, chunks, path)
         if self.forward_only:
             for m in chunks:
                 m.requires_grad_(False)
@@ -142,6 +142,10 @@ class MegatronEngine(BaseEngine):
         else:
             self.model = build.build_ddp(chunks, self.tfconfig, s)
             self.optimizer = build.build_optimizer(self.model, self.optimizer_config, self.tfconfig, s)
+            seeded = seed_master_weights(self, masters)
+            if seeded:
+                logger.info("%s: %d parameters start their fp32 master weights from the checkpoint's values "
+                            "(the %s parameters round them)", self._prefix, seeded, s.dtype)
             self.lr_scheduler = build.build_scheduler(self.optimizer, self.optimizer_config)
             from megatron.core.distributed import finalize_model_grads
 

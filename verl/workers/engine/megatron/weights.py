@@ -24,7 +24,8 @@ from verl.utils.megatron_utils import unwrap_model
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import MegatronEngine
 
-__all__ = ["build_hf_module", "iter_hf_weights", "layout_of", "load_initial_weights", "sync_hf_module"]
+__all__ = ["build_hf_module", "iter_hf_weights", "layout_of", "load_initial_weights", "loses_precision",
+           "seed_master_weights", "sync_hf_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,18 +43,23 @@ def _ranks():
 
 
 @torch.no_grad()
-def load_initial_weights(engine: "MegatronEngine", chunks: list, path: str) -> None:
-    """Fill the freshly built chunks from the HF checkpoint (or from ``dist_checkpointing_path``)."""
+def load_initial_weights(engine: "MegatronEngine", chunks: list, path: str) -> list[dict]:
+    """Fill the freshly built chunks from the HF checkpoint (or from ``dist_checkpointing_path``).
+
+    Returns, per chunk, the checkpoint values that the parameters' dtype rounded (an fp32 checkpoint loaded
+    into bf16 parameters; empty for a bf16 checkpoint): :func:`seed_master_weights` starts the optimizer's
+    fp32 master weights from them, as FSDP's fp32 parameters start from the checkpoint itself."""
     s = engine.settings
     if s.use_dist_checkpointing and s.dist_checkpointing_path:
         from .checkpoint import load_dist_model
 
         load_dist_model(chunks, s.dist_checkpointing_path)
-        return
+        return [{} for _ in chunks]
     conv = engine.converter
     get = conv.safetensors_getter(path)  # reads one tensor at a time, only those this rank's shards need
     layout = layout_of(engine)
     r = _ranks()
+    masters = []
     for vp_stage, chunk in enumerate(chunks):
         state = conv.mcore_state_for_rank(get, engine.hf_config, layout, pp_rank=r["pp"], vp_stage=vp_stage,
                                           tp_rank=r["tp"], ep_rank=r["ep"], etp_rank=r["etp"])
@@ -65,11 +71,54 @@ def load_initial_weights(engine: "MegatronEngine", chunks: list, path: str) -> N
         if extra or missing:
             raise RuntimeError(f"HF -> megatron weight mapping does not match the model chunk {vp_stage}: "
                                f"not in the model {extra[:8]}, not in the mapping {missing[:8]}")
+        precise = {}
         for name, tensor in state.items():
             param = params[name]
             if tuple(tensor.shape) != tuple(param.shape):
                 raise RuntimeError(f"{name}: checkpoint shard {tuple(tensor.shape)} vs model {tuple(param.shape)}")
             param.copy_(tensor.to(device=param.device, dtype=param.dtype))
+            if loses_precision(tensor, param):
+                precise[name] = tensor.detach().to("cpu", torch.float32).contiguous()
+        masters.append(precise)
+    return masters
+
+
+def loses_precision(source: torch.Tensor, param: torch.Tensor) -> bool:
+    """Whether loading ``source`` into ``param`` lost precision that an fp32 master weight would keep."""
+    if not source.is_floating_point() or torch.finfo(source.dtype).bits <= torch.finfo(param.dtype).bits:
+        return False
+    return not torch.equal(source.to(param.dtype).to(source.dtype), source)
+
+
+@torch.no_grad()
+def seed_master_weights(engine: "MegatronEngine", masters: list[dict]) -> int:
+    """Start the optimizer's fp32 master weights from the checkpoint's own values where the model parameters
+    rounded them (megatron-core otherwise copies the rounded bf16 parameters). Without this, an fp32
+    checkpoint trains differently on Megatron than on FSDP: every master weight sits on the bf16 grid, so an
+    update smaller than half a bf16 step leaves the forward's weights unchanged. Returns how many parameters
+    were seeded."""
+    if not any(masters):
+        return 0
+    strip = engine.converter.strip_wrapper_prefix
+    # megatron-core matches these names against the wrapped chunks' parameter names without "module."
+    states = [{strip(name): precise.get(strip(name), param) for name, param in chunk.named_parameters()}
+              for chunk, precise in zip(engine.model, masters)]
+    opt = engine.optimizer
+    subs = getattr(opt, "chained_optimizers", [opt])
+    if all(hasattr(o, "shard_fp32_from_float16_groups") for o in subs):  # distributed optimizer
+        opt.reload_model_params(state_dict=states[0] if len(states) == 1 else
+                                {f"model{i}": st for i, st in enumerate(states)})
+    else:  # Float16OptimizerWithFloat16Params: parallel lists of model params and their fp32 masters
+        source = {}
+        for chunk, state in zip(engine.model, states):
+            for name, param in chunk.named_parameters():
+                source[param] = state[strip(name)]
+        for o in subs:
+            groups = zip(getattr(o, "float16_groups", []), getattr(o, "fp32_from_float16_groups", []))
+            for model_group, main_group in groups:
+                for model_param, main_param in zip(model_group, main_group):
+                    main_param.copy_(source[model_param].reshape(main_param.shape))
+    return sum(len(p) for p in masters)
 
 
 def _is_new_head(name: str, engine: "MegatronEngine") -> bool:
