@@ -121,10 +121,12 @@ def fixed_lengths(model, args, device, vocab) -> list[dict]:
             assert all(len(o[0].token_ids) == args.new_tokens for o in outs)
             st = rollout.last_stats
             rows.append(dict(case="fixed", batch=b, impl=impl, seconds=t, tokens=b * args.new_tokens,
-                             tok_s=b * args.new_tokens / t, prefill_s=st["prefill_s"], capture_s=st["capture_s"]))
-            decode = t - st["prefill_s"] - st["capture_s"]
-            log(f"{impl} B={b}: {t:.2f}s, {rows[-1]['tok_s']:,.0f} new tok/s (prefill {st['prefill_s']:.2f}s, graph "
-                f"capture {st['capture_s']:.2f}s, decode {1e3 * decode / args.new_tokens:.2f} ms/step)")
+                             tok_s=b * args.new_tokens / t, prefill_s=st["prefill_s"], capture_s=st["capture_s"],
+                             warmup_s=st.get("warmup_s", 0.0), graphs=st.get("graphs", 0)))
+            decode = t - st["prefill_s"] - st["capture_s"] - st.get("warmup_s", 0.0)
+            log(f"{impl} B={b}: {t:.2f}s, {rows[-1]['tok_s']:,.0f} new tok/s (prefill {st['prefill_s']:.2f}s, warm-up "
+                f"{st.get('warmup_s', 0.0):.2f}s, {st.get('graphs', 0)} graph(s) captured in {st['capture_s']:.2f}s, "
+                f"decode {1e3 * decode / args.new_tokens:.2f} ms/step)")
         if not args.skip_generate:
             hf_generate(model, prompts[:2], 2, device)
             t, out = timed(lambda: hf_generate(model, prompts, args.new_tokens, device), device)

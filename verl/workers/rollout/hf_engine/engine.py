@@ -72,6 +72,8 @@ class DecodeEngine:
         self.suppress = torch.tensor(list(sup), dtype=torch.long, device=dev) if sup else None
         self.cache: Optional[SlotCache] = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._buckets: list[int] = []  # batch-size buckets of the captured decode step (empty: eager)
+        self._pool = None
 
     # ------------------------------------------------------------------------------------------ device steps
     def _book(self, rows: torch.Tensor, logits: torch.Tensor, fed_token: bool) -> None:
@@ -99,28 +101,37 @@ class DecodeEngine:
         rows = torch.arange(b, device=self.runner.device)
         self._book(rows, self.runner.decode_logits(self.cache, b), fed_token=True)
 
-    def _capture(self, sizes: list[int]) -> None:
-        """Capture one graph per bucket, largest first, before any sequence is live: the eager warm-up steps
-        (kernel compiles, library handles) write only into still-empty slots. Warm-up runs for the largest and
-        the smallest bucket; the buckets in between reuse those compiled kernels."""
-        pool = torch.cuda.graph_pool_handle()
+    def _warm_up(self, sizes: list[int]) -> None:
+        """Eager steps for the largest and the smallest bucket before any sequence is live (they write only into
+        still-empty slots): kernel compiles and library handles happen here, so that a bucket's graph can be
+        captured later, mid-run, without executing anything."""
+        self._pool = torch.cuda.graph_pool_handle()
+        self._buckets = sorted(sizes)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for b in {max(sizes), min(sizes)}:
                 self._decode_eager(b)
         torch.cuda.current_stream().wait_stream(side)
-        for b in sorted(sizes, reverse=True):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._decode_eager(b)
-            self.graphs[b] = graph
         torch.cuda.synchronize()
 
+    def _graph(self, bucket: int) -> torch.cuda.CUDAGraph:
+        """The bucket's captured step, captured on first use: a run whose batch stays full captures one graph,
+        not one per bucket. Capturing records kernels without running them, so live slots are untouched."""
+        graph = self.graphs.get(bucket)
+        if graph is None:
+            t0 = time.perf_counter()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._decode_eager(bucket)
+            self.graphs[bucket] = graph
+            self.opt.stats["capture_s"] = self.opt.stats.get("capture_s", 0.0) + time.perf_counter() - t0
+            self.opt.stats["graphs"] = len(self.graphs)
+        return graph
+
     def _decode(self, b: int) -> None:
-        if self.graphs:
-            bucket = min(s for s in self.graphs if s >= b)
-            self.graphs[bucket].replay()
+        if self._buckets:
+            self._graph(min(s for s in self._buckets if s >= b)).replay()
         else:
             self._decode_eager(b)
 
@@ -150,11 +161,12 @@ class DecodeEngine:
                 sizes = sorted({min(s, capacity) for s in (opt.capture_sizes or default_capture_sizes(capacity))})
                 if capacity not in sizes:
                     sizes.append(capacity)
-                self._capture(sizes)
-                self.opt.stats["capture_s"] = time.perf_counter() - t0
+                self._warm_up(sizes)
+                self.opt.stats["warmup_s"] = time.perf_counter() - t0
             return self._loop(seqs, capacity)
         finally:
             self.graphs.clear()
+            self._buckets, self._pool = [], None
             self.cache = None
 
     def _fit_memory(self, capacity: int, max_len: int) -> int:

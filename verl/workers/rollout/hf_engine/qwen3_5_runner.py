@@ -157,6 +157,14 @@ class Qwen35Runner:
         _warn_torch_step()
         return torch_recurrent_step_
 
+    def fused_kernels(self):
+        """This package's Triton decode kernels (``gdn_decode_kernel``) when the recurrent backend resolves to
+        them: the decode step then also runs its norms, conv window and gates fused. None otherwise."""
+        step = self.recurrent_step()
+        if step is torch_recurrent_step_ or step is fla_recurrent_step_:
+            return None
+        return importlib.import_module("verl.workers.rollout.hf_engine.gdn_decode_kernel")
+
     # ------------------------------------------------------------------------------------------ shared parts
     def _mlp(self, layer, h):
         out = layer.mlp(layer.post_attention_layernorm(h))
@@ -173,12 +181,17 @@ class Qwen35Runner:
         q, k, v = torch.split(mixed, [nk * dk, nk * dk, nv * dv], dim=-1)
         return q.reshape(b, t, nk, dk), k.reshape(b, t, nk, dk), v.reshape(b, t, nv, dv)
 
-    def _attn_qkv(self, m, x, cos, sin):
+    def _attn_qkv(self, m, x, cos, sin, kern=None):
         b, t, _ = x.shape
         hd = m.head_dim
         q_and_gate = m.q_proj(x).view(b, t, -1, 2 * hd)
-        q, gate = m.q_norm(q_and_gate[..., :hd]), q_and_gate[..., hd:]
-        k = m.k_norm(m.k_proj(x).view(b, t, -1, hd))
+        q, gate = q_and_gate[..., :hd], q_and_gate[..., hd:]
+        k = m.k_proj(x).view(b, t, -1, hd)
+        if kern is None:
+            q, k = m.q_norm(q), m.k_norm(k)
+        else:
+            q = kern.add_rms_norm(q, None, m.q_norm.weight, m.q_norm.eps)[1]
+            k = kern.add_rms_norm(k, None, m.k_norm.weight, m.k_norm.eps)[1]
         v = m.v_proj(x).view(b, t, -1, hd)
         q, k = self._rotary(q, k, cos, sin, unsqueeze_dim=2)
         return q, k, v, gate.reshape(b, t, -1)
@@ -287,6 +300,9 @@ class Qwen35Runner:
         h = self.text.embed_tokens(tokens)[:, None]
         rope = (pos + cache.rope_delta[:b])[None, :, None].expand(3, b, 1)
         cos, sin = self.text.rotary_emb(h, rope)
+        kern = self.fused_kernels()
+        if kern is not None:
+            return self._decode_fused(cache, b, h, cos, sin, pos, kern)
         step = self.recurrent_step()
         n_attn = n_gdn = 0
         for layer, kind in zip(self.layers, self.types):
@@ -300,6 +316,36 @@ class Qwen35Runner:
             h = h + mixed
             h = h + self._mlp(layer, h)
         return self.lm_head(self.text.norm(h[:, 0]))
+
+    def _decode_fused(self, cache, b, h, cos, sin, pos, kern):
+        """:meth:`decode_logits` with the Triton kernels: each residual add runs fused with the next norm, the
+        conv window, gates and delta rule of a Gated DeltaNet layer take three kernels, its output norm one."""
+        nxt = [layer.input_layernorm for layer in self.layers[1:]] + [self.text.norm]
+        first = self.layers[0].input_layernorm
+        _, r = kern.add_rms_norm(h, None, first.weight, first.eps)
+        n_attn = n_gdn = 0
+        for layer, kind, norm in zip(self.layers, self.types, nxt):
+            if kind == "linear_attention":
+                mixed = self._gdn_decode_fused(layer.linear_attn, r, cache, n_gdn, b, kern)
+                n_gdn += 1
+            else:
+                mixed = self._attn_decode(layer.self_attn, r, cos, sin, cache, n_attn, b, pos, kern)
+                n_attn += 1
+            post = layer.post_attention_layernorm
+            h, r = kern.add_rms_norm(h, mixed, post.weight, post.eps)
+            out = layer.mlp(r)
+            h, r = kern.add_rms_norm(h, out[0] if isinstance(out, tuple) else out, norm.weight, norm.eps)
+        return self.lm_head(r[:, 0])
+
+    def _gdn_decode_fused(self, m, x, cache, li, b, kern):
+        qkv = m.in_proj_qkv(x)[:, 0]  # (b, C)
+        z = m.in_proj_z(x)
+        a, beta_raw = m.in_proj_a(x)[:, 0], m.in_proj_b(x)[:, 0]  # (b, HV): gates are computed in the kernel
+        mixed = kern.conv_step_(qkv, cache.conv[li, :b], m.conv1d.weight.contiguous(), m.conv1d.bias)
+        core = kern.gdn_decode_fused_(mixed, m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim, a,
+                                      beta_raw, m.A_log, m.dt_bias, cache.rec[li, :b])
+        core = kern.gated_rms_norm(core, z.reshape(core.shape), m.norm.weight, m.norm.variance_epsilon)
+        return m.out_proj(core.reshape(b, 1, -1))
 
     def _gdn_decode(self, m, x, cache, li, b, step: Callable):
         qkv = m.in_proj_qkv(x)  # (b, 1, C)
@@ -320,8 +366,8 @@ class Qwen35Runner:
         core = m.norm(core.reshape(-1, dv), z.reshape(-1, dv)).reshape(b, 1, -1)
         return m.out_proj(core)
 
-    def _attn_decode(self, m, x, cos, sin, cache, li, b, pos):
-        q, k, v, gate = self._attn_qkv(m, x, cos, sin)  # q: (b, 1, Hq, D), k/v: (b, 1, Hkv, D)
+    def _attn_decode(self, m, x, cos, sin, cache, li, b, pos, kern=None):
+        q, k, v, gate = self._attn_qkv(m, x, cos, sin, kern)  # q: (b, 1, Hq, D), k/v: (b, 1, Hkv, D)
         kc, vc = cache.kv[li, 0, :b], cache.kv[li, 1, :b]  # (b, Hkv, L, D)
         hkv, length = kc.shape[1], kc.shape[2]
         rows = torch.arange(b, device=x.device)
