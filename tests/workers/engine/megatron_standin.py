@@ -78,7 +78,7 @@ def install():
     mod.get_mcore_weight_converter = lambda hf_config: None
     sys.modules["verl.models.mcore.registry"] = mod
     pkg.registry = mod
-    weights.load_initial_weights = lambda engine, chunks, path: None
+    weights.load_initial_weights = lambda engine, chunks, path: [{} for _ in chunks]  # no checkpoint values
 
     def undo():
         sys.modules["verl.models.mcore.registry"] = real_registry

@@ -49,36 +49,45 @@ def test_recurrent_step_kernels_match_torch(state_dtype, backend):
     torch.testing.assert_close(s_fla.float(), s_ref.float(), **tol)
 
 
-@cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_fused_decode_step_matches_torch_step(kind, dtype):
-    """One decode step through the fused Triton kernels vs the unfused torch step (torch recurrent reference)
-    from the same random caches: logits, conv windows, recurrent states and KV caches agree."""
-    from verl.models.tiny import build_tiny_qwen3_5
+def _decode_once(model, backend, seed=1):
+    """Logits of one decode step over 5 slots whose caches hold the same random values (drawn in fp32, then
+    cast: every model dtype starts from identical numbers), and the caches after it."""
     from verl.workers.rollout.hf_engine.cache import SlotCache
     from verl.workers.rollout.hf_engine.qwen3_5_runner import Qwen35Runner
 
+    runner = Qwen35Runner(model, recurrent_backend=backend)
+    assert (runner.fused_kernels() is not None) == (backend == "auto")
+    cache = SlotCache(runner.shape, 5, 40, 8, runner.device, runner.dtype)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for name, std in (("conv", 1.0), ("rec", 0.1), ("kv", 1.0)):
+        t = getattr(cache, name)
+        t.copy_(torch.randn(t.shape, device="cuda", generator=g).to(torch.bfloat16) * std)
+    cache.tokens[:] = torch.tensor([5, 7, 11, 3, 9])
+    cache.lengths[:] = torch.tensor([3, 9, 4, 30, 1])
+    with torch.no_grad():
+        return runner.decode_logits(cache, 5).float(), cache
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_fused_decode_step_matches_torch_step(kind):
+    """One decode step through the fused Triton kernels vs the unfused torch step (torch recurrent reference).
+    fp32: logits and every cache agree to 1e-4. bf16: both are compared with the fp32 step, and the fused step
+    (fp32 inside its kernels) is no further from it than the unfused one."""
+    from verl.models.tiny import build_tiny_qwen3_5
+
     model = build_tiny_qwen3_5(None, kind=kind, with_tokenizer=False, initializer_range=0.3, linear_num_key_heads=2,
-                               linear_num_value_heads=4, **FUSED_DIMS).to("cuda", dtype).eval()
-    results = []
-    for backend in ("auto", "torch"):
-        runner = Qwen35Runner(model, recurrent_backend=backend)
-        assert (runner.fused_kernels() is not None) == (backend == "auto")
-        torch.manual_seed(1)
-        cache = SlotCache(runner.shape, 5, 40, 8, runner.device, runner.dtype)
-        cache.conv.normal_()
-        cache.rec.normal_(std=0.1)
-        cache.kv.normal_()
-        cache.tokens[:] = torch.tensor([5, 7, 11, 3, 9])
-        cache.lengths[:] = torch.tensor([3, 9, 4, 30, 1])
-        with torch.no_grad():
-            results.append((runner.decode_logits(cache, 5).float(), cache))
-    (fused, a), (ref, b) = results
-    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+                               linear_num_value_heads=4, **FUSED_DIMS).to("cuda").eval()
+    (fused, a), (ref, b) = _decode_once(model, "auto"), _decode_once(model, "torch")
+    tol = dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fused, ref, **tol)
     for name in ("conv", "rec", "kv"):
         torch.testing.assert_close(getattr(a, name).float(), getattr(b, name).float(), **tol, msg=name)
+    model = model.to(torch.bfloat16)
+    fused16, torch16 = _decode_once(model, "auto")[0], _decode_once(model, "torch")[0]
+    err_fused, err_torch = (fused16 - ref).norm() / ref.norm(), (torch16 - ref).norm() / ref.norm()
+    print(f"[fused decode] {kind} bf16 relative logit error vs fp32: fused {err_fused:.2e}, torch {err_torch:.2e}")
+    assert err_fused <= 1.25 * err_torch + 1e-3
 
 
 def _rollout(model, **cfg):
@@ -128,9 +137,13 @@ def test_greedy_matches_generate_fp32_on_gpu(kind):
     outs = _rollout(model, max_num_seqs=3).generate([GenerationRequest(p) for p in ps],
                                                     SamplingParams(temperature=0.0, max_tokens=12))
     for p, o in zip(ps, outs):
-        ref = model.generate(input_ids=torch.tensor([p], device="cuda"), max_new_tokens=12, min_new_tokens=12,
-                             do_sample=False, pad_token_id=0, suppress_tokens=[11, 12] if kind == "vl" else None)
-        assert o[0].token_ids == ref[0, len(p):].tolist()
+        # No min_new_tokens: it would mask the eos id (2) that the engine, with no stop ids here, may pick;
+        # generate stops at eos, so the engine's tokens are compared up to there.
+        ref = model.generate(input_ids=torch.tensor([p], device="cuda"), max_new_tokens=12, do_sample=False,
+                             pad_token_id=0, eos_token_id=2, suppress_tokens=[11, 12] if kind == "vl" else None)
+        ref = ref[0, len(p):].tolist()
+        ref = ref[:ref.index(2) + 1] if 2 in ref else ref
+        assert o[0].token_ids[:len(ref)] == ref
 
 
 @cuda
