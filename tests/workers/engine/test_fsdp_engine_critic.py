@@ -113,3 +113,25 @@ def test_critic_sp2_with_dynamic_bsz_matches_one_rank(model_dir):
     for k in d1:
         torch.testing.assert_close(torch.from_numpy(d2[k]), torch.from_numpy(d1[k]), rtol=1e-4, atol=1e-6,
                                    msg=lambda s, k=k: f"{k}: {s}")
+
+
+def test_value_head_runs_in_fp32_when_the_weights_arrive_in_bf16():
+    """Under FSDP2 mixed precision the root unit's parameters, the value head's included, are cast to bf16 for
+    the forward while the backbone's last hidden state may be bf16 or fp32; the head computes in fp32 either way
+    (the GPU critic with the default bf16 compute dtype failed on this before)."""
+    import torch
+
+    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.workers.critic.value_model import ValueModel
+
+    torch.manual_seed(0)
+    vm = ValueModel(build_tiny_qwen3_5(None, kind="dense", with_tokenizer=False))
+    torch.nn.init.normal_(vm.value_head.weight)
+    ids = torch.randint(3, 100, (2, 6))
+    ref = vm(ids)
+    vm.value_head.to(torch.bfloat16)  # what FSDP2's param_dtype=bf16 hands the root unit in forward
+    out = vm(ids)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    out.sum().backward()
+    assert vm.value_head.weight.grad is not None and vm.value_head.weight.grad.dtype == torch.bfloat16

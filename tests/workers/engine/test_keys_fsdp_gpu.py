@@ -66,6 +66,8 @@ def test_dtype_is_the_compute_dtype(nccl, model_dir, key, monkeypatch):
     engine, seen = _shard_kwargs(model_dir, key, "bfloat16", monkeypatch)
     assert {kw["mp_policy"].param_dtype for kw in seen} == {torch.bfloat16}
     assert {p.dtype for p in engine.module.parameters()} == {torch.float32}  # master weights: model_dtype
+    out = engine.infer_batch(_batch(), outputs=("values",) if key.startswith("critic") else ("log_probs",))
+    assert all(torch.isfinite(v).all() for v in out.values())
     engine, seen = _shard_kwargs(model_dir, key, "float32", monkeypatch)
     assert all("mp_policy" not in kw for kw in seen)  # compute in the master dtype: no cast
     out = engine.infer_batch(_batch(), outputs=("values",) if key.startswith("critic") else ("log_probs",))

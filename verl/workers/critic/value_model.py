@@ -25,4 +25,7 @@ class ValueModel(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False, **kwargs):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False, **kwargs)
-        return self.value_head(out.last_hidden_state.float() if hasattr(out, "last_hidden_state") else out[0]).squeeze(-1)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        # The head runs in fp32 whatever the compute dtype: under FSDP2 mixed precision its weight arrives in bf16
+        # (the root unit's parameters are cast too), and a bf16 scalar head would round every value.
+        return torch.nn.functional.linear(hidden.float(), self.value_head.weight.float()).squeeze(-1)
