@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 # Head dims the fused Triton decode kernels take (the default tiny dims, 16, do not): with these the decode step
-# runs gdn_decode_kernel's fused norms, conv, gates and delta rule.
+# runs decode_kernels's fused norms, conv, gates and delta rule.
 FUSED_DIMS = dict(linear_key_head_dim=32, linear_value_head_dim=64)
 
 
@@ -30,7 +30,7 @@ def test_recurrent_step_kernels_match_torch(state_dtype, backend):
         _needs_fla()
         step = fla_recurrent_step_
     else:
-        from verl.workers.rollout.hf_engine.gdn_decode_kernel import gdn_decode_step_ as step
+        from verl.workers.rollout.hf_engine.decode_kernels import gdn_decode_step_ as step
 
     g = torch.Generator(device="cuda").manual_seed(0)
     b, h, hv, dk, dv = 7, 4, 8, 128, 128

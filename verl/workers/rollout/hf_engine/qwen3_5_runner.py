@@ -142,7 +142,7 @@ class Qwen35Runner:
             return torch_recurrent_step_
         if backend in ("auto", "triton"):
             try:
-                from verl.workers.rollout.hf_engine import gdn_decode_kernel as kern
+                from verl.workers.rollout.hf_engine import decode_kernels as kern
             except ImportError:
                 kern = None
             if kern is not None and kern.supports(self.shape.k_dim, self.shape.v_dim):
@@ -158,12 +158,14 @@ class Qwen35Runner:
         return torch_recurrent_step_
 
     def fused_kernels(self):
-        """This package's Triton decode kernels (``gdn_decode_kernel``) when the recurrent backend resolves to
+        """This package's Triton decode kernels (``decode_kernels``) when the recurrent backend resolves to
         them: the decode step then also runs its norms, conv window and gates fused. None otherwise."""
         step = self.recurrent_step()
         if step is torch_recurrent_step_ or step is fla_recurrent_step_:
             return None
-        return importlib.import_module("verl.workers.rollout.hf_engine.gdn_decode_kernel")
+        from verl.workers.rollout.hf_engine import decode_kernels
+
+        return decode_kernels
 
     # ------------------------------------------------------------------------------------------ shared parts
     def _mlp(self, layer, h):
