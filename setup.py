@@ -41,4 +41,6 @@ setup(
     include_package_data=True,
     install_requires=_reqs("requirements.txt"),
     extras_require=extras,
+    # vLLM loads this in each of its processes: the architectures vLLM must be told about (text-only Qwen3.5).
+    entry_points={"vllm.general_plugins": ["verl_models = verl.workers.rollout.vllm_rollout.plugin:register"]},
 )

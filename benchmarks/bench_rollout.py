@@ -1,4 +1,4 @@
-"""Rollout throughput: the ``hf`` engine's own Qwen3.5 decode loop vs Hugging Face ``model.generate``.
+"""Rollout throughput: the ``hf`` engine's own Qwen3.5 decode loop vs Hugging Face ``model.generate`` and vLLM.
 
 Same process, same randomly initialised model (Qwen3.5-0.8B shape, bf16; the shape of scripts/gpu_grpo_step.py):
 
@@ -13,6 +13,12 @@ Same process, same randomly initialised model (Qwen3.5-0.8B shape, bf16; the sha
       the engine in static batches (a batch is refilled only when all its sequences ended); and ``generate``
       in static batches (each batch runs to its longest member: the cost of one batch is measured on the first
       batch and charged to every batch, to keep the run short). Useful tokens/s = real response tokens / time.
+
+  (3) vLLM (``--vllm``, default on where CUDA and vLLM are present): the same model saved to disk and served
+      by the project's vLLM rollout (``vLLMRollout``: CUDA graphs, prefix caching off since every prompt is
+      random), on the same prompts, lengths and sampling; lengths are forced with ``ignore_eos`` (fixed) and
+      per-request ``max_tokens`` (mix). One engine per distinct slot count (``max_num_seqs``: the largest
+      batch for (1), ``--mix-slots`` for (2)), built after the other rows; its start-up is not timed.
 
     python benchmarks/bench_rollout.py                   # CUDA (fla needed for the fused kernels)
     python benchmarks/bench_rollout.py --smoke           # tiny model, CPU
@@ -139,20 +145,25 @@ def fixed_lengths(model, args, device, vocab) -> list[dict]:
     return rows
 
 
-def length_mix(model, args, device, vocab) -> list[dict]:
+def mix_workload(args, vocab):
+    """The length mix's prompts, group size n and per-sample response lengths (seeded: same for every impl)."""
     import numpy as np
 
+    rng = np.random.default_rng(args.mix_seed)
+    plens = rng.integers(args.mix_prompt[0], args.mix_prompt[1] + 1, args.mix_prompts).tolist()
+    prompts = random_prompts(plens, vocab, seed=7)
+    resp = np.clip(np.round(rng.lognormal(np.log(args.mix_median), args.mix_sigma, len(prompts) * args.mix_n)),
+                   args.mix_clip[0], args.mix_clip[1]).astype(int).tolist()
+    return prompts, args.mix_n, resp
+
+
+def length_mix(model, args, device, vocab) -> list[dict]:
     from verl.workers.rollout.hf_engine.engine import DecodeEngine, SeqRequest
     from verl.workers.rollout.hf_engine.entry import engine_options, unsharded
     from verl.workers.rollout.hf_engine.qwen3_5_runner import PrefillSeq, Qwen35Runner
     from verl.workers.rollout.hf_engine.sampling import SamplerConfig, sequence_key
 
-    rng = np.random.default_rng(args.mix_seed)
-    plens = rng.integers(args.mix_prompt[0], args.mix_prompt[1] + 1, args.mix_prompts).tolist()
-    prompts = random_prompts(plens, vocab, seed=7)
-    n = args.mix_n
-    resp = np.clip(np.round(rng.lognormal(np.log(args.mix_median), args.mix_sigma, len(prompts) * n)),
-                   args.mix_clip[0], args.mix_clip[1]).astype(int).tolist()
+    prompts, n, resp = mix_workload(args, vocab)
     useful = sum(resp)
     slots = args.mix_slots
     log(f"length mix: {len(prompts)} prompts x n={n}, responses median {int(np.median(resp))}, max {max(resp)}, "
@@ -196,6 +207,75 @@ def length_mix(model, args, device, vocab) -> list[dict]:
     return rows
 
 
+def vllm_engine(model_dir: str, slots: int, max_len: int):
+    """The project's colocated vLLM rollout on ``model_dir`` with ``slots`` sequences at a time."""
+    from omegaconf import OmegaConf
+
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import vLLMRollout
+
+    cfg = OmegaConf.create(dict(
+        name="vllm", prompt_length=max_len // 2, response_length=max_len - max_len // 2, max_model_len=max_len,
+        max_num_seqs=slots, dtype="bfloat16", enforce_eager=False, free_cache_engine=False,
+        enable_prefix_caching=False, gpu_memory_utilization=0.5, load_format="auto",
+        tensor_model_parallel_size=1, engine_kwargs=dict(vllm={})))
+    return vLLMRollout(cfg, OmegaConf.create(dict(path=model_dir)), tokenizer=None)
+
+
+def vllm_generate(rollout, prompts, max_tokens: list[int], seed: int = 0):
+    """vLLM generation with forced lengths (``ignore_eos``), T=1, no top-k / top-p."""
+    import vllm
+
+    params = [vllm.SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=int(m), min_tokens=int(m),
+                                  ignore_eos=True, seed=seed + i, detokenize=False)
+              for i, m in enumerate(max_tokens)]
+    outs = rollout.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [len(o.outputs[0].token_ids) for o in outs]
+
+
+def vllm_rows(model, args, device, vocab) -> list[dict]:
+    import gc
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="bench_vllm_")
+    model.save_pretrained(tmp)  # bf16, the same weights the other rows ran
+    rows = []
+    cases = args.cases.split(",")
+    plan = []
+    if "fixed" in cases:
+        plan.append(("fixed", max(args.batches), args.prompt_len + args.new_tokens))
+    if "mix" in cases:
+        plan.append(("mix", args.mix_slots, args.mix_prompt[1] + args.mix_clip[1]))
+    for case, slots, max_len in plan:
+        torch.cuda.empty_cache()
+        t0 = time.perf_counter()
+        rollout = vllm_engine(tmp, slots, max_len)
+        log(f"vLLM engine for {case} ({slots} slots) up in {time.perf_counter() - t0:.1f}s")
+        try:
+            if case == "fixed":
+                for b in args.batches:
+                    prompts = random_prompts([args.prompt_len] * b, vocab, seed=b)
+                    vllm_generate(rollout, prompts, [8] * b)  # warm-up, as for the other rows
+                    t, lens = timed(lambda: vllm_generate(rollout, prompts, [args.new_tokens] * b), device)
+                    assert lens == [args.new_tokens] * b, lens[:4]
+                    rows.append(dict(case="fixed", batch=b, impl="vllm", seconds=t, tokens=b * args.new_tokens,
+                                     tok_s=b * args.new_tokens / t))
+                    log(f"vllm B={b}: {t:.2f}s, {rows[-1]['tok_s']:,.0f} new tok/s")
+            else:
+                prompts, n, resp = mix_workload(args, vocab)
+                flat = [p for p in prompts for _ in range(n)]
+                vllm_generate(rollout, flat, resp)  # warm-up: the same workload once
+                t, lens = timed(lambda: vllm_generate(rollout, flat, resp), device)
+                assert lens == resp
+                rows.append(dict(case="mix", batch=slots, impl="vllm (continuous)", seconds=t, tokens=sum(resp),
+                                 tok_s=sum(resp) / t))
+                log(f"vllm mix: {t:.2f}s, {sum(resp) / t:,.0f} useful tok/s")
+        finally:
+            rollout.shutdown()
+            del rollout
+            gc.collect()
+    return rows
+
+
 def print_tables(rows, device_name, args):
     fixed = [r for r in rows if r["case"] == "fixed"]
     if fixed:
@@ -204,11 +284,13 @@ def print_tables(rows, device_name, args):
         table = []
         for b in args.batches:
             gen = next((r for r in fixed if r["batch"] == b and r["impl"] == "generate"), None)
+            vl = next((r for r in fixed if r["batch"] == b and r["impl"] == "vllm"), None)
             ordered = ([gen] if gen else []) + [r for r in fixed if r["batch"] == b and r is not gen]
             for r in ordered:
                 ratio = f"{r['tok_s'] / gen['tok_s']:.1f}x" if gen else "-"
-                table.append([b, r["impl"], f"{r['seconds']:.2f}", f"{r['tok_s']:,.0f}", ratio])
-        print(fmt_table(["batch", "impl", "seconds", "new tok/s", "vs generate"], table))
+                vs_vllm = f"{r['tok_s'] / vl['tok_s']:.2f}x" if vl else "-"
+                table.append([b, r["impl"], f"{r['seconds']:.2f}", f"{r['tok_s']:,.0f}", ratio, vs_vllm])
+        print(fmt_table(["batch", "impl", "seconds", "new tok/s", "vs generate", "vs vllm"], table))
     mix = [r for r in rows if r["case"] == "mix"]
     if mix:
         print(f"\n=== (2) GRPO-like length mix ({args.mix_prompts} prompts x n={args.mix_n}, responses log-normal "
@@ -218,13 +300,21 @@ def print_tables(rows, device_name, args):
         if base:
             print(f"generate: time per step measured over {args.mix_gen_steps} steps of the first batch, charged to "
                   f"every batch's longest member")
+        vl = next((r["tok_s"] for r in mix if r["impl"].startswith("vllm")), None)
         table = [[r["impl"], f"{r['seconds']:.2f}", f"{r['tok_s']:,.0f}",
                   f"{r['tok_s'] / base:.1f}x" if base else "-",
+                  f"{r['tok_s'] / vl:.2f}x" if vl else "-",
                   f"{r['mean_running']:.1f}" if "mean_running" in r else "-",
                   r.get("decode_steps", "-")] for r in mix]
-        print(fmt_table(["impl", "seconds", "useful tok/s", "vs generate", "mean running seqs", "decode steps"],
-                        table))
+        print(fmt_table(["impl", "seconds", "useful tok/s", "vs generate", "vs vllm", "mean running seqs",
+                         "decode steps"], table))
     print(flush=True)
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 def main(argv=None) -> int:
@@ -245,6 +335,8 @@ def main(argv=None) -> int:
     p.add_argument("--mix-gen-steps", type=int, default=128, help="steps of generate timed for the mix")
     p.add_argument("--bf16-state", action="store_true", help="also an engine row with bf16 recurrent state")
     p.add_argument("--json", default=None)
+    p.add_argument("--vllm", default="auto", choices=["auto", "on", "off"],
+                   help="vLLM rows (auto: where CUDA and vLLM are present)")
     args = p.parse_args(argv)
     args.mix_prompt, args.mix_clip = (100, 500), (16, 512)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -268,6 +360,8 @@ def main(argv=None) -> int:
         print_tables(rows, name, args)
     if "mix" in cases:
         rows += length_mix(model, args, device, vocab)
+    if args.vllm == "on" or (args.vllm == "auto" and device.type == "cuda" and _vllm_installed()):
+        rows += vllm_rows(model, args, device, vocab)
     print_tables(rows, name, args)
     if args.json:
         with open(args.json, "w") as f:

@@ -43,18 +43,21 @@ SHAPE_0P8B = dict(
     max_position_embeddings=32768,
     tie_word_embeddings=True,
 )
+SHAPE_2B = dict(SHAPE_0P8B, hidden_size=2048, intermediate_size=6144)  # Qwen3.5-2B's layer shape
 SHAPE_TINY = dict(num_hidden_layers=4, vocab_size=2048)  # tiny_text_config_kwargs defaults otherwise
+SHAPES = {"0p8b": SHAPE_0P8B, "2b": SHAPE_2B, "tiny": SHAPE_TINY}
 
 TIMING_KEYS = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "step"]
 
 
-def build_checkpoint(path: Path, tiny: bool, device: str) -> dict:
+def build_checkpoint(path: Path, tiny: bool, device: str, shape: str | None = None) -> dict:
+    """A random bf16 checkpoint of ``shape`` (a key of SHAPES; default tiny or 0p8b by ``tiny``)."""
     import torch
     import transformers as tf
 
     from verl.models.tiny import build_tiny_tokenizer, tiny_text_config_kwargs
 
-    kw = tiny_text_config_kwargs(**(SHAPE_TINY if tiny else SHAPE_0P8B))
+    kw = tiny_text_config_kwargs(**SHAPES[shape or ("tiny" if tiny else "0p8b")])
     cfg = tf.Qwen3_5TextConfig(**kw)
     cfg.architectures = ["Qwen3_5ForCausalLM"]
     torch.manual_seed(0)
@@ -100,7 +103,8 @@ def build_data(path: Path, n_rows: int, filler_chars: int, seed: int = 0) -> Non
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="tiny model shape (CPU smoke test)")
+    p.add_argument("--tiny", action="store_true", help="tiny model shape (CPU smoke test); same as --shape tiny")
+    p.add_argument("--shape", default=None, choices=sorted(SHAPES), help="model shape (default 0p8b)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--workdir", default="/tmp/verl_grpo_step")
     p.add_argument("--steps", type=int, default=2, help="training steps; the first is the warm-up")
@@ -112,16 +116,19 @@ def main(argv=None) -> int:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--fused", default=None, choices=[None, "torch", "triton"], help="use_fused_kernels backend")
     p.add_argument("--metrics-out", default=None, help="copy the file logger's JSONL here")
+    p.add_argument("--rollout", default="hf", help="actor_rollout_ref.rollout.name (hf or vllm)")
     p.add_argument("extra", nargs="*", help="more main_ppo overrides (key=value)")
     args = p.parse_args(argv)
 
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    work = Path(args.workdir) / ("tiny" if args.tiny else "0p8b")
+    args.shape = args.shape or ("tiny" if args.tiny else "0p8b")
+    args.tiny = args.shape == "tiny"
+    work = Path(args.workdir) / args.shape
     model_dir = work / "model"
     if not (model_dir / "config.json").exists():
-        build_checkpoint(model_dir, args.tiny, device)
+        build_checkpoint(model_dir, args.tiny, device, args.shape)
     data = work / "data" / "train.parquet"
     build_data(data, n_rows=max(64, args.batch * args.steps), filler_chars=args.filler_chars)
 
@@ -139,7 +146,7 @@ def main(argv=None) -> int:
         "trainer.save_freq=-1",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.default_local_dir={work / 'ckpt'}",
-        "trainer.experiment_name=grpo_step_0p8b" if not args.tiny else "trainer.experiment_name=grpo_step_tiny",
+        f"trainer.experiment_name=grpo_step_{args.shape}",
         f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files={data}",
         f"data.val_files={data}",
@@ -150,7 +157,7 @@ def main(argv=None) -> int:
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={args.micro_batch}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro_batch}",
-        "actor_rollout_ref.rollout.name=hf",
+        f"actor_rollout_ref.rollout.name={args.rollout}",
         f"actor_rollout_ref.rollout.n={args.n}",
         "actor_rollout_ref.actor.optim.lr=1e-6",
         "algorithm.adv_estimator=grpo",
@@ -188,7 +195,7 @@ def print_table(steps: list[dict], device: str, args) -> None:
     keys += [k[len("timing_s/"):] for k in extra]
     info = ["response_length/mean", "prompt_length/mean", "critic/score/mean", "perf/throughput",
             "perf/mfu/actor", "perf/max_memory_allocated_gb", "actor/grad_norm", "actor/pg_loss"]
-    print(f"\n=== GRPO step timing ({'tiny' if args.tiny else 'Qwen3.5-0.8B shape'}, {device}, "
+    print(f"\n=== GRPO step timing ({args.shape} shape, rollout {args.rollout}, {device}, "
           f"{args.batch} prompts x n={args.n}, response<= {args.response_length}) ===")
     head = "| step | " + " | ".join(f"{k} s" for k in keys) + " |"
     print(head)
@@ -208,7 +215,20 @@ def print_table(steps: list[dict], device: str, args) -> None:
         if k in last:
             v = last[k]
             print(f"{k}: {v:.4g}" if isinstance(v, (int, float)) else f"{k}: {v}")
+    per_step = [k for k in PER_STEP_KEYS if any(k in r["data"] for r in steps)]
+    if per_step:  # rollout/trainer gap and device memory, every step
+        print("\n| step | " + " | ".join(per_step) + " |")
+        print("|" + "---|" * (len(per_step) + 1))
+        for r in steps:
+            d = r["data"]
+            print(f"| {r['step']} | " + " | ".join(f"{d[k]:.4g}" if isinstance(d.get(k), (int, float)) else "-"
+                                                 for k in per_step) + " |")
     print(flush=True)
+
+
+PER_STEP_KEYS = ["training/rollout_probs_diff_max", "training/rollout_probs_diff_mean",
+                 "perf/rollout_device_memory_before_sleep_gb", "perf/rollout_device_memory_after_sleep_gb",
+                 "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"]
 
 
 if __name__ == "__main__":

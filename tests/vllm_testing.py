@@ -11,6 +11,16 @@ import torch
 
 # vLLM's CPU Gated DeltaNet kernel rejects 32-wide key/value heads; 128 works (see docs/qwen3_5_vllm_fsdp.md).
 CPU_ENGINE_SHAPES = dict(hidden_size=128, head_dim=32, linear_key_head_dim=128, linear_value_head_dim=128)
+# CUDA: head dims FlashAttention serves (64) and the Triton Gated DeltaNet kernels take (64).
+GPU_ENGINE_SHAPES = dict(hidden_size=256, head_dim=64, linear_key_head_dim=64, linear_value_head_dim=64)
+
+
+def on_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def engine_shapes() -> dict:
+    return GPU_ENGINE_SHAPES if on_cuda() else CPU_ENGINE_SHAPES
 
 
 def build_engine_checkpoint(path: str | Path, kind: str = "dense", seed: int = 0, **overrides):
@@ -18,14 +28,16 @@ def build_engine_checkpoint(path: str | Path, kind: str = "dense", seed: int = 0
     ``overrides`` go to the text config (e.g. ``tie_word_embeddings=False``)."""
     from verl.models.tiny import build_tiny_qwen3_5
 
-    model = build_tiny_qwen3_5(path, kind=kind, seed=seed, dtype=torch.bfloat16, **{**CPU_ENGINE_SHAPES, **overrides})
+    shapes = {**engine_shapes(), **overrides}
+    model = build_tiny_qwen3_5(path, kind=kind, seed=seed, dtype=torch.bfloat16, **shapes)
     if kind.startswith("vl"):
-        # The tiny builder's mRoPE sections sum to 2 (sized for head_dim 16), but vLLM's CPU attention has no
-        # head_dim-16 kernel and its mRoPE asserts sum == rotary_dim / 2 = 4 at head_dim 32. Text-only
+        # The tiny builder's mRoPE sections sum to 2 (sized for head_dim 16), but vLLM has no head_dim-16
+        # attention kernel and its mRoPE asserts sum == rotary_dim / 2 (4 at head_dim 32, 8 at 64). Text-only
         # positions are equal on the t/h/w axes, so re-splitting the sections changes no rotary angle.
         cfg_path = Path(path) / "config.json"
         cfg = json.loads(cfg_path.read_text())
-        cfg["text_config"]["rope_parameters"]["mrope_section"] = [2, 1, 1]
+        half = shapes["head_dim"] // 8  # rotary_dim / 2 with Qwen3.5's partial_rotary_factor 0.25
+        cfg["text_config"]["rope_parameters"]["mrope_section"] = [half // 2, half // 4, half // 4]
         cfg_path.write_text(json.dumps(cfg, indent=2))
     return model.float()
 
@@ -48,6 +60,8 @@ def rollout_config(**overrides):
         checkpoint_engine=dict(update_weights_bucket_megabytes=1),
         engine_kwargs=dict(vllm={}),
     )
+    if on_cuda():
+        cfg["gpu_memory_utilization"] = 0.15  # several engines start one after another in a test process
     cfg.update(overrides)
     return OmegaConf.create(cfg)
 

@@ -58,6 +58,9 @@ class ModelSpec:
     # Oldest vLLM release (with its matching vLLM-Ascend) that runs this architecture on Ascend NPUs, checked
     # before a rollout engine starts there; None: any release in the patches' supported window.
     min_vllm_ascend: Optional[str] = None
+    # What vLLM needs registered to run this architecture (dotted path of a function taking no arguments,
+    # called by the project's vLLM plugin in every vLLM process); None: vLLM runs it as installed.
+    vllm_registration: Optional[str] = None
 
     def resolve(self, field_name: str):
         """Import a dotted-path field (``weight_sync_layout``, ``flops_fn``); None stays None."""
@@ -97,6 +100,7 @@ def _qwen(arch, family, is_vl, is_moe, text_class):
         flops_fn="verl.utils.flops_counter.qwen3_5_forward_flops",
         mcore_model=arch,
         min_vllm_ascend="0.18.0",  # Gated DeltaNet and Qwen3.5-MoE first run on vLLM-Ascend 0.18.0
+        vllm_registration="verl.models.qwen3_5.vllm_arch.register_text_architectures",
     )
 
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.protocol import DataProto
 from verl.single_controller.decorator import Dispatch, register
 from verl.single_controller.worker import Worker
-from verl.utils.device import get_device_name, resolve_trainer_device
+from verl.utils.device import get_device_name, get_torch_device, resolve_trainer_device
 from verl.utils.tokenizer import load_tokenizer_and_processor
 from verl.workers.engine import EngineRegistry
 
@@ -215,6 +215,7 @@ class ActorRolloutRefWorker(Worker):
         rank_metrics = dict(out.meta_info.pop("agent_loop_metrics", None) or {})
         out.meta_info.pop("metrics", None)  # per-sample agent-loop metrics; aggregated in agent_loop_metrics
         rank_metrics["timing_s/generate_sequences"] = time.time() - t0
+        rank_metrics.update(getattr(self.rollout, "memory_metrics", None) or {})  # device memory around sleep
         out.meta_info["metrics"] = [rank_metrics]
         return out
 
@@ -246,6 +247,8 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def update_actor(self, data: DataProto) -> dict:
         t0 = time.time()
+        device = get_torch_device()
+        device.reset_peak_memory_stats()  # the peaks below are this update's
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         metrics = self.actor.update_policy(data)
         metrics["actor/lr"] = self.actor_engine.lr_scheduler_step()
@@ -254,6 +257,9 @@ class ActorRolloutRefWorker(Worker):
         seconds = time.time() - t0
         metrics["perf/update_actor_s"] = seconds
         metrics["perf/mfu/actor"] = update_mfu(self.actor_flops, data, seconds, int(self.config.actor.ppo_epochs))
+        if get_device_name() != "cpu":  # upstream's names; the CPU shim has no allocator statistics
+            metrics["perf/max_memory_allocated_gb"] = device.max_memory_allocated() / 2**30
+            metrics["perf/max_memory_reserved_gb"] = device.max_memory_reserved() / 2**30
         return metrics
 
     # ------------------------------------------------------------------ checkpoints

@@ -127,3 +127,48 @@ def test_sleep_mode_keys():
         build_llm_kwargs(_cfg(free_cache_engine=True, enable_sleep_mode=False), {"path": "/m"}, on_gpu=True)
     server = build_llm_kwargs(_cfg(), {"path": "/m"}, on_gpu=True, standalone=True)
     assert "distributed_executor_backend" not in server  # a server process is not a shard of a trainer rank
+
+
+# ---------------------------------------------------------------- CUDA engines (pure rules, checked on CPU)
+def test_colocated_engine_outside_a_process_group_uses_vllms_own_executor():
+    # No trainer group (a notebook, a test): vLLM's external launcher would read RANK / MASTER_ADDR that are unset.
+    kw = build_llm_kwargs(_cfg(), {"path": "/m"}, on_gpu=True, in_process_group=False)
+    assert "distributed_executor_backend" not in kw
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2 needs the trainer's process group"):
+        build_llm_kwargs(_cfg(tensor_model_parallel_size=2), {"path": "/m"}, on_gpu=True, in_process_group=False)
+    assert build_llm_kwargs(_cfg(), {"path": "/m"}, on_gpu=True)["distributed_executor_backend"] == "external_launcher"
+
+
+def test_without_flashinfer_sets_the_sampler_off_and_triton_gdn_prefill_with_warnings():
+    from verl.workers.rollout.vllm_rollout.engine_args import without_flashinfer
+
+    kw, env, warnings = without_flashinfer({"model": "/m"}, {}, linear_attention=True, gdn_backend_arg=True)
+    assert env == {"VLLM_USE_FLASHINFER_SAMPLER": "0"} and kw["gdn_prefill_backend"] == "triton"
+    assert len(warnings) == 2 and all("FlashInfer is not installed" in w for w in warnings)
+    # A user's explicit choices: triton stays silent; flashinfer is refused by key; the sampler variable too.
+    kw, env, warnings = without_flashinfer({"gdn_prefill_backend": "triton"}, {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+                                           linear_attention=True, gdn_backend_arg=True)
+    assert (kw["gdn_prefill_backend"], env, warnings) == ("triton", {}, [])
+    with pytest.raises(ValueError, match="engine_kwargs.vllm.gdn_prefill_backend=flashinfer"):
+        without_flashinfer({"gdn_prefill_backend": "flashinfer"}, {}, linear_attention=True, gdn_backend_arg=True)
+    with pytest.raises(ValueError, match="VLLM_USE_FLASHINFER_SAMPLER=1 asks vLLM for FlashInfer's sampler"):
+        without_flashinfer({}, {"VLLM_USE_FLASHINFER_SAMPLER": "1"}, linear_attention=False, gdn_backend_arg=True)
+    # No linear attention, or a vLLM without the argument: the engine kwargs stay as they were.
+    kw, _, _ = without_flashinfer({"model": "/m"}, {}, linear_attention=False, gdn_backend_arg=True)
+    assert "gdn_prefill_backend" not in kw
+    kw, _, _ = without_flashinfer({"model": "/m"}, {}, linear_attention=True, gdn_backend_arg=False)
+    assert "gdn_prefill_backend" not in kw
+
+
+def test_nccl_server_refuses_the_trainers_gpu_and_takes_another():
+    import torch
+
+    from verl.workers.rollout.vllm_rollout.server import server_device
+
+    gpu0 = torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="refuses two processes on one GPU.*VERL_ROLLOUT_SERVER_DEVICE=cuda:N"):
+        server_device("nccl", gpu0, None)
+    assert server_device("nccl", gpu0, "cuda:1") == torch.device("cuda", 1)
+    assert server_device("gloo", None, None) is None  # CPU hosts: the server shares nothing but the host
+    with pytest.raises(ValueError, match="must be a cuda device"):
+        server_device("nccl", gpu0, "cpu")

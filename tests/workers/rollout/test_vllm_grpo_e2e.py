@@ -8,7 +8,9 @@ import pytest
 
 from tests.trainer.e2e_utils import run_main_ppo, train_records
 
-pytestmark = pytest.mark.vllm
+# CPU build: the GPU runs of the same path are scripts/gpu_vllm.sh's (realistic shapes, colocated CUDA vLLM).
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(__import__("torch").cuda.is_available(),
+                                                   reason="CPU build e2e; on CUDA see scripts/gpu_vllm.sh")]
 
 # Engine-vs-trainer probabilities of the sampled tokens (``training/rollout_probs_diff_*`` = |p_trainer - p_engine|
 # over response tokens). vLLM runs bf16 with its own CPU kernels, the trainer fp32: on the same weights

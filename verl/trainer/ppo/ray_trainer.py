@@ -412,7 +412,8 @@ class RayPPOTrainer:
 
 def _combine_agent_loop_metrics(rank_metrics) -> dict[str, float]:
     """The ranks' ``agent_loop/*`` aggregates as one: ``/max`` by max, ``/min`` by min, the rest by mean
-    (ranks hold equally many samples). Accepts concat's dict of lists or a list of per-rank dicts."""
+    (ranks hold equally many samples); the rollout's ``perf/*`` figures (device memory around its sleep) by
+    max, the worst rank being what fits or not. Accepts concat's dict of lists or a list of per-rank dicts."""
     if isinstance(rank_metrics, (list, tuple)):
         merged: dict[str, list] = {}
         for m in rank_metrics:
@@ -421,10 +422,11 @@ def _combine_agent_loop_metrics(rank_metrics) -> dict[str, float]:
         rank_metrics = merged
     out: dict[str, float] = {}
     for k, v in (rank_metrics or {}).items():
-        if not k.startswith("agent_loop/"):
+        if not k.startswith(("agent_loop/", "perf/")):
             continue
         vals = [float(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
-        out[k] = max(vals) if k.endswith("/max") else min(vals) if k.endswith("/min") else sum(vals) / len(vals)
+        worst = k.endswith("/max") or k.startswith("perf/")
+        out[k] = max(vals) if worst else min(vals) if k.endswith("/min") else sum(vals) / len(vals)
     return out
 
 

@@ -115,13 +115,16 @@ def build_llm_kwargs(
     seed: Optional[int] = None,
     standalone: bool = False,
     model_path: Optional[str] = None,
+    in_process_group: bool = True,
 ) -> dict:
     """Keyword arguments for ``vllm.LLM`` from the rollout and model configs.
 
     ``on_gpu``: a GPU/NPU engine (sleep mode when ``free_cache_engine`` and ``enable_sleep_mode``); colocated
-    with the trainer it runs one shard per trainer rank through vLLM's external launcher, ``standalone`` (a
-    rollout server process) lets vLLM pick its executor. Otherwise the CPU build (single process, no sleep).
-    ``model_path``: the checkpoint directory ``model.path`` resolved to (hub ids); default ``model.path``.
+    with the trainer (``in_process_group``: the trainer's ``torch.distributed`` group exists) it runs one shard
+    per trainer rank through vLLM's external launcher; ``standalone`` (a rollout server process) and a single
+    process outside any group (a notebook, a test) let vLLM pick its executor. Otherwise the CPU build
+    (single process, no sleep). ``model_path``: the checkpoint directory ``model.path`` resolved to (hub ids);
+    default ``model.path``.
     """
     prompt_len = int(_get(config, "prompt_length", 512))
     response_len = int(_get(config, "response_length", 512))
@@ -160,9 +163,13 @@ def build_llm_kwargs(
         if bool(_get(config, "free_cache_engine", True)) and not kw["enable_sleep_mode"]:
             raise ValueError("actor_rollout_ref.rollout.free_cache_engine=True needs enable_sleep_mode=True "
                              "(vLLM can only release memory with sleep mode on); set free_cache_engine=False")
-        if not standalone:
+        if not standalone and in_process_group:
             # One engine shard per trainer rank, created by torchrun/Ray workers themselves (colocated).
             kw["distributed_executor_backend"] = "external_launcher"
+        elif not standalone and tp > 1:
+            # vLLM would start worker processes, out of reach of the in-process weight sync.
+            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} needs the trainer's "
+                             "process group (launch through main_ppo or torchrun); a single process runs tp=1")
     if is_vl:
         kw["language_model_only"] = True  # text rollouts: the vision tower is neither built nor synced
     lora_rank = int(_get(model_config, "lora_rank", 0) or 0)
@@ -173,6 +180,45 @@ def build_llm_kwargs(
             kw["load_format"] = "auto"
     kw.update(_plain(_get(_get(config, "engine_kwargs"), "vllm")))
     return {k: v for k, v in kw.items() if v is not None}
+
+
+FLASHINFER_SAMPLER_ENV = "VLLM_USE_FLASHINFER_SAMPLER"
+_GDN_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.gdn_prefill_backend"
+
+
+def without_flashinfer(kw: dict, environ: Mapping[str, str], *, linear_attention: bool,
+                       gdn_backend_arg: bool) -> tuple[dict, dict, list[str]]:
+    """A CUDA engine where FlashInfer is not installed: the vLLM defaults that would import it, and what runs
+    instead. Returns ``(engine kwargs, environment variables to set, warnings to log)``.
+
+    * vLLM's top-k / top-p sampler imports FlashInfer unless ``VLLM_USE_FLASHINFER_SAMPLER=0``: that is set,
+      unless the user asked for FlashInfer's sampler explicitly, which is an error naming the variable.
+    * vLLM's Gated DeltaNet prefill defaults to FlashInfer's kernel on Hopper (``gdn_prefill_backend=auto``):
+      models with linear attention get vLLM's Triton kernel instead (``gdn_backend_arg``: the installed vLLM
+      has that engine argument), with a warning, as a slower prefill must not be silent; an explicit
+      ``flashinfer`` is an error naming the key.
+    """
+    kw, env, warnings = dict(kw), {}, []
+    sampler = environ.get(FLASHINFER_SAMPLER_ENV)
+    if sampler is None:
+        env[FLASHINFER_SAMPLER_ENV] = "0"
+        warnings.append("FlashInfer is not installed: vLLM samples top-k/top-p with its PyTorch sampler "
+                        f"({FLASHINFER_SAMPLER_ENV}=0)")
+    elif sampler.strip().lower() not in ("0", "false", ""):
+        raise ValueError(f"{FLASHINFER_SAMPLER_ENV}={sampler} asks vLLM for FlashInfer's sampler, but flashinfer "
+                         f"is not installed: install flashinfer-python (the version your vLLM names), or unset "
+                         f"{FLASHINFER_SAMPLER_ENV}")
+    if linear_attention and gdn_backend_arg:
+        chosen = kw.get("gdn_prefill_backend")
+        if chosen in (None, "auto"):
+            kw["gdn_prefill_backend"] = "triton"
+            warnings.append("FlashInfer is not installed: Gated DeltaNet prefill runs vLLM's Triton kernel instead "
+                            "of FlashInfer's (vLLM's choice on Hopper), which may be slower; install "
+                            f"flashinfer-python for it, or set {_GDN_KEY}=triton to silence this")
+        elif chosen == "flashinfer":
+            raise ValueError(f"{_GDN_KEY}=flashinfer, but flashinfer is not installed: install flashinfer-python, "
+                             "or set it to triton")
+    return kw, env, warnings
 
 
 def _load_format(fmt: str) -> str:

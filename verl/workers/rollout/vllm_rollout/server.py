@@ -60,7 +60,7 @@ def _server_main(conn, engine_cls: str, config: dict, model_config: dict, comm_i
     try:
         device = comm_info.get("device")
         if device is not None:
-            # The engine and the receive buffers live on the trainer's device (colocated server).
+            # The engine and the receive buffers live on the server's device (the trainer's, except for NCCL).
             dev = torch.device(device)
             if dev.type == "npu":
                 import torch_npu  # noqa: F401  (registers torch.npu in this fresh process)
@@ -121,6 +121,39 @@ def _handle(engine, comm, conn, cmd: str, payload: Any):
     raise ValueError(f"unknown server command {cmd!r}")
 
 
+SERVER_DEVICE_ENV = "VERL_ROLLOUT_SERVER_DEVICE"
+
+
+def server_device(backend: str, trainer_device: Optional[torch.device], requested: Optional[str]):
+    """The device the rollout server's engine and receive buffers live on.
+
+    By default the trainer's own device. NCCL refuses two processes on one GPU ("Duplicate GPU detected"), so
+    ``backend=nccl`` needs the server on another GPU of this host, named by ``VERL_ROLLOUT_SERVER_DEVICE``
+    (e.g. ``cuda:1``); without it the start is refused here, with what to do, instead of failing inside NCCL.
+    """
+    if requested:
+        dev = torch.device(requested)
+        if trainer_device is None or dev.type != trainer_device.type:
+            raise ValueError(f"{SERVER_DEVICE_ENV}={requested} must be a {getattr(trainer_device, 'type', 'cpu')} "
+                             f"device like the trainer's (checkpoint_engine.backend={backend})")
+        if dev.index is None:
+            dev = torch.device(dev.type, 0)
+        return dev
+    if backend == "nccl" and trainer_device is not None:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend=nccl connects the trainer and a rollout server "
+            f"process over NCCL, which refuses two processes on one GPU ({trainer_device} would hold both). Put the "
+            f"server on another GPU of this host with {SERVER_DEVICE_ENV}=cuda:N, or use backend=naive to run the "
+            f"engine inside the trainer process on the same GPU")
+    return trainer_device
+
+
+def _physical_cuda_device(index: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of this process's ``cuda:index``."""
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[index] if visible else str(index)
+
+
 class vLLMServerClient(BaseRollout):
     """Trainer-side handle of a rollout server process (``rollout.checkpoint_engine.backend=nccl|hccl|gloo``)."""
 
@@ -146,6 +179,7 @@ class vLLMServerClient(BaseRollout):
         name = get_device_name()
         # Tensors cross on the device the collective runs on: the trainer's current accelerator, CPU for gloo.
         self.device = torch.device(name, get_torch_device().current_device()) if self.backend != "gloo" else None
+        self.server_device = server_device(self.backend, self.device, os.environ.get(SERVER_DEVICE_ENV))
         self._tmp = tempfile.mkdtemp(prefix="verl_vllm_server_")
         store_path = os.path.join(self._tmp, "store")
         ctx = mp.get_context("spawn")
@@ -155,8 +189,13 @@ class vLLMServerClient(BaseRollout):
         for key in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ASCEND_ENABLE_NZ"):
             if key in os.environ:
                 env[key] = os.environ[key]
+        child_device = self.server_device
+        if child_device is not None and child_device.type == "cuda" and child_device != self.device:
+            # vLLM builds on the first visible GPU of its process: show the server only its own GPU.
+            env["CUDA_VISIBLE_DEVICES"] = _physical_cuda_device(child_device.index)
+            child_device = torch.device("cuda", 0)
         info = {"store_path": store_path, "backend": self.backend,
-                "device": str(self.device) if self.device is not None else None}
+                "device": str(child_device) if child_device is not None else None}
         self._proc = ctx.Process(
             target=_server_main,
             args=(child, engine_cls, to_plain(config), to_plain(model_config), info, env),

@@ -38,7 +38,13 @@ from verl.workers.weight_sync import (
     write_lora_adapter,
 )
 
-from .engine_args import bucket_megabytes, build_llm_kwargs, to_generation_outputs, vllm_sampling_kwargs
+from .engine_args import (
+    bucket_megabytes,
+    build_llm_kwargs,
+    to_generation_outputs,
+    vllm_sampling_kwargs,
+    without_flashinfer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +89,14 @@ def uses_runtime_expert_writer(layout: Optional[Qwen35Layout], *, ascend: bool, 
     return ascend and layout is not None and layout.moe and not standalone
 
 
+def _device_memory_used_gb() -> Optional[float]:
+    """GiB in use on this process's CUDA device, by every allocator and process (None off CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
+
+
 class vLLMRollout(BaseRollout):
     """``BaseRollout`` on ``vllm.LLM``; see the module docstring."""
 
@@ -115,7 +129,8 @@ class vLLMRollout(BaseRollout):
         is_vl = hasattr(self.hf_config, "vision_config")
         self.lora_rank = int(model_config.get("lora_rank", 0) or 0)
         kwargs = build_llm_kwargs(config, model_config, on_gpu=self.device is not None, is_vl=is_vl,
-                                  standalone=standalone, model_path=path)
+                                  standalone=standalone, model_path=path,
+                                  in_process_group=torch.distributed.is_initialized())
         self.free_cache_engine = bool(config.get("free_cache_engine", True)) if hasattr(config, "get") else True
         self.llm = self._create_engine(kwargs)
         self._sleep_supported = self._sleep_mode_available() and kwargs.get("enable_sleep_mode", False)
@@ -131,11 +146,18 @@ class vLLMRollout(BaseRollout):
         self._lora_dir = tempfile.mkdtemp(prefix="verl_vllm_lora_")
         self._lora_version = 0
         self.is_sleeping = False
+        self.memory_metrics: dict[str, float] = {}  # device memory around the last sleep (CUDA), for the worker
 
     # ------------------------------------------------------------------ engine plumbing
     def _create_engine(self, kwargs: dict):
         vllm = import_vllm()
         from verl.utils.vllm.rope_patch import rope_ignore_keys_as_set
+
+        from .plugin import register
+
+        register()  # the text-only architectures vLLM lacks (a no-op where the plugin entry point ran already)
+        if self.device == "cuda":
+            kwargs = self._without_missing_kernels(kwargs)
 
         if self.ascend:
             from verl.utils.vllm.ascend_moe import require_nz_disabled
@@ -147,6 +169,25 @@ class vLLMRollout(BaseRollout):
         logger.info("creating vLLM engine: %s", {k: v for k, v in kwargs.items() if k != "model"})
         with rope_ignore_keys_as_set():
             return vllm.LLM(**kwargs)
+
+    def _without_missing_kernels(self, kwargs: dict) -> dict:
+        """vLLM's CUDA defaults that import FlashInfer, replaced (with a warning) where it is not installed."""
+        import dataclasses
+        import importlib.util
+
+        if importlib.util.find_spec("flashinfer") is not None:
+            return kwargs
+        from vllm.engine.arg_utils import EngineArgs
+
+        from verl.models.registry import get_model_spec
+
+        kwargs, env, warnings = without_flashinfer(
+            kwargs, os.environ, linear_attention=get_model_spec(self.hf_config).has_linear_attention,
+            gdn_backend_arg="gdn_prefill_backend" in {f.name for f in dataclasses.fields(EngineArgs)})
+        os.environ.update(env)
+        for w in warnings:
+            logger.warning(w)
+        return kwargs
 
     def _sleep_mode_available(self) -> bool:
         from vllm.platforms import current_platform
@@ -314,7 +355,12 @@ class vLLMRollout(BaseRollout):
         # Level 1 keeps a CPU copy of the weights (needed when only a LoRA adapter is re-synced);
         # level 2 drops them, as a full sync follows the next wake-up.
         level = 1 if self.lora_rank > 0 or "weights" not in tags else 2
+        used_before = _device_memory_used_gb()
         self.llm.sleep(level=level)
+        if used_before is not None:
+            # Whole-device figures (vLLM's CuMem pool is invisible to torch's allocator statistics).
+            self.memory_metrics = {"perf/rollout_device_memory_before_sleep_gb": used_before,
+                                   "perf/rollout_device_memory_after_sleep_gb": _device_memory_used_gb()}
         self._weights_discarded = level == 2
         self.is_sleeping = True
         self._awake: set[str] = set()

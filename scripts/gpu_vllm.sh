@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# GPU check of the CUDA vLLM rollout (issue 21), in parts, each under its own time limit:
+#
+#   setup   pip install -e . --no-deps (so vLLM finds the project's plugin entry point), then what is importable:
+#           vllm / fla / flashinfer versions and the entry point
+#   tests   the vllm-marked tests meaningful on CUDA: test_vllm_cuda_gpu.py (plugin + FlashInfer fallbacks, sleep
+#           frees memory, CUDA graphs after a reload, server mode over NCCL, MoE LoRA) and the engine, sync-equals-
+#           fresh (dense tied/untied, MoE, VL text), LoRA, custom-loader and sleep-cycle files
+#   grpo    GRPO through main_ppo with rollout.name=vllm, colocated (sleep mode, CUDA graphs), 3 steps on the
+#           0.8B shape and 3 on the 2B shape (scripts/gpu_grpo_step.py): timings, the rollout/trainer gap every
+#           step, device memory before/after the engine's sleep and the update's peak
+#   bench   benchmarks/bench_rollout.py: generate vs the hf engine vs CUDA vLLM on the same prompts (0.8B shape,
+#           B=64/256 fixed lengths and the GRPO length mix), one run
+#
+# Logs go to $OUT/<part>.log (default ./gpu_vllm_out). Needs on the lent machine: CUDA vLLM 0.26.0 and the project
+# wheels under /tmp/site (../shared/tools/gpu_wheels.sh --vllm, then .whl and .whlz, as its header says), then
+#   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_vllm.sh
+# Knobs: PARTS="setup tests grpo bench", T_TESTS / T_GRPO / T_BENCH (seconds), SHAPES="0p8b 2b", BENCH_ARGS.
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-$PWD/gpu_vllm_out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_ENABLE_V1_MULTIPROCESSING=0
+case ":${PYTHONPATH:-}:" in *":$PWD:"*) ;; *) export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" ;; esac
+PY="${PYTHON:-python3}"
+PARTS="${PARTS:-setup tests grpo bench}"
+declare -A RC SECS
+
+run_part() {
+    local name=$1 limit=$2; shift 2
+    echo "################ [$name] $(date -u +%H:%M:%S) limit ${limit}s: $*"
+    local t0=$SECONDS
+    timeout --signal=TERM --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    RC[$name]=$?
+    SECS[$name]=$((SECONDS - t0))
+    grep -v '^\[transformers\]\|^INFO \|^(EngineCore' "$OUT/$name.log" | tail -n "${TAIL:-40}"
+    echo "################ [$name] exit ${RC[$name]} after ${SECS[$name]}s"
+}
+
+TESTS=(tests/workers/rollout/test_vllm_cuda_gpu.py tests/workers/rollout/test_vllm_sync_matches_fresh.py
+       tests/workers/rollout/test_vllm_rollout_lora.py tests/workers/rollout/test_vllm_rollout_engine.py
+       tests/workers/rollout/test_vllm_sleep_cycle.py tests/workers/rollout/test_vllm_custom_loader.py)
+
+for part in $PARTS; do
+    case $part in
+    setup) run_part setup 120 bash -c "$PY -m pip install -q --no-deps --no-build-isolation --no-index -e . ; \
+               $PY -c 'import vllm, torch, importlib.util as u; print(\"vllm\", vllm.__version__, \"torch\", torch.__version__, torch.cuda.get_device_name(0), \"gpus\", torch.cuda.device_count()); print(\"fla\", u.find_spec(\"fla\") is not None, \"flashinfer\", u.find_spec(\"flashinfer\") is not None); from verl.workers.rollout.vllm_rollout.plugin import entry_point_installed; print(\"plugin entry point installed:\", entry_point_installed())'" ;;
+    tests) run_part tests "${T_TESTS:-560}" "$PY" -m pytest -q -m vllm -p no:cacheprovider -rsfE "${TESTS[@]}" \
+               -k "not any_causal_lm" ;;
+    grpo)  for shape in ${SHAPES:-0p8b 2b}; do
+               run_part "grpo_$shape" "${T_GRPO:-280}" "$PY" scripts/gpu_grpo_step.py --shape "$shape" --rollout vllm \
+                   --steps 3 --batch 16 --n 4 --response-length 256 --workdir /tmp/verl_vllm_grpo \
+                   --metrics-out "$OUT/grpo_${shape}_metrics.jsonl" \
+                   actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.enforce_eager=false \
+                   actor_rollout_ref.rollout.free_cache_engine=true actor_rollout_ref.actor.entropy_coeff=0.01
+           done ;;
+    bench) run_part bench "${T_BENCH:-560}" "$PY" benchmarks/bench_rollout.py --vllm on --skip-generate \
+               --json "$OUT/bench_rollout.json" ${BENCH_ARGS:-} ;;
+    *) echo "unknown part $part" ;;
+    esac
+done
+echo "| part | exit | seconds |"
+for k in "${!RC[@]}"; do echo "| $k | ${RC[$k]} | ${SECS[$k]} |"; done
+exit 0
