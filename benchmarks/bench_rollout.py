@@ -215,7 +215,7 @@ def vllm_engine(model_dir: str, slots: int, max_len: int):
 
     cfg = OmegaConf.create(dict(
         name="vllm", prompt_length=max_len // 2, response_length=max_len - max_len // 2, max_model_len=max_len,
-        max_num_seqs=slots, dtype="bfloat16", enforce_eager=False, free_cache_engine=False,
+        max_num_seqs=slots, dtype="bfloat16", enforce_eager=False, free_cache_engine=False, enable_sleep_mode=False,
         enable_prefix_caching=False, gpu_memory_utilization=0.5, load_format="auto",
         tensor_model_parallel_size=1, engine_kwargs=dict(vllm={})))
     return vLLMRollout(cfg, OmegaConf.create(dict(path=model_dir)), tokenizer=None)

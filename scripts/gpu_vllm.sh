@@ -45,8 +45,11 @@ for part in $PARTS; do
     case $part in
     setup) run_part setup 120 bash -c "$PY -m pip install -q --no-deps --no-build-isolation --no-index -e . ; \
                $PY -c 'import vllm, torch, importlib.util as u; print(\"vllm\", vllm.__version__, \"torch\", torch.__version__, torch.cuda.get_device_name(0), \"gpus\", torch.cuda.device_count()); print(\"fla\", u.find_spec(\"fla\") is not None, \"flashinfer\", u.find_spec(\"flashinfer\") is not None); from verl.workers.rollout.vllm_rollout.plugin import entry_point_installed; print(\"plugin entry point installed:\", entry_point_installed())'" ;;
-    tests) run_part tests "${T_TESTS:-560}" "$PY" -m pytest -q -m vllm -p no:cacheprovider -rsfE "${TESTS[@]}" \
-               -k "not any_causal_lm" ;;
+    tests) # one pytest process per file: vLLM's CuMem allocator serves one sleep-mode engine per process
+           for f in "${TESTS[@]}"; do
+               run_part "tests_$(basename "$f" .py)" "${T_TESTS:-300}" "$PY" -m pytest -q -m vllm -p no:cacheprovider \
+                   -rsfE "$f" -k "not any_causal_lm"
+           done ;;
     grpo)  for shape in ${SHAPES:-0p8b 2b}; do
                run_part "grpo_$shape" "${T_GRPO:-280}" "$PY" scripts/gpu_grpo_step.py --shape "$shape" --rollout vllm \
                    --steps 3 --batch 16 --n 4 --response-length 256 --workdir /tmp/verl_vllm_grpo \

@@ -39,7 +39,9 @@ def build_engine_checkpoint(path: str | Path, kind: str = "dense", seed: int = 0
         half = shapes["head_dim"] // 8  # rotary_dim / 2 with Qwen3.5's partial_rotary_factor 0.25
         cfg["text_config"]["rope_parameters"]["mrope_section"] = [half // 2, half // 4, half // 4]
         cfg_path.write_text(json.dumps(cfg, indent=2))
-    return model.float()
+    # On a GPU host the trainer side runs on the GPU too: with fla installed, transformers sends the Gated
+    # DeltaNet to fla's Triton kernels, which cannot read CPU tensors.
+    return model.float().to("cuda" if on_cuda() else "cpu")
 
 
 def rollout_config(**overrides):
@@ -61,7 +63,9 @@ def rollout_config(**overrides):
         engine_kwargs=dict(vllm={}),
     )
     if on_cuda():
-        cfg["gpu_memory_utilization"] = 0.15  # several engines start one after another in a test process
+        # Several engines start one after another in a test process: small ones, and no sleep mode unless a test
+        # asks for it (vLLM's CuMem allocator serves one sleep-mode engine per process).
+        cfg.update(gpu_memory_utilization=0.15, free_cache_engine=False, enable_sleep_mode=False)
     cfg.update(overrides)
     return OmegaConf.create(cfg)
 
@@ -75,16 +79,18 @@ def model_config(path, lora_rank: int = 0, **kw):
 @torch.no_grad()
 def trainer_logprobs(model, seq: list[int]) -> torch.Tensor:
     """Trainer-side log-prob of each token of ``seq`` given its prefix (first token excluded)."""
-    logits = model(torch.tensor([seq])).logits.float()[0]
-    return logits.log_softmax(-1)[:-1].gather(-1, torch.tensor(seq[1:])[:, None])[:, 0]
+    dev = next(model.parameters()).device
+    logits = model(torch.tensor([seq], device=dev)).logits.float()[0]
+    return logits.log_softmax(-1)[:-1].gather(-1, torch.tensor(seq[1:], device=dev)[:, None])[:, 0].cpu()
 
 
 def sgd_step(model, seq: list[int], lr: float, params: Optional[list] = None) -> None:
     """One optimizer step raising the likelihood of ``seq`` (plain, single process)."""
     params = params if params is not None else [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=lr)
-    logits = model(torch.tensor([seq])).logits.float()[0]
-    loss = -logits.log_softmax(-1)[:-1].gather(-1, torch.tensor(seq[1:])[:, None]).mean()
+    dev = next(model.parameters()).device
+    logits = model(torch.tensor([seq], device=dev)).logits.float()[0]
+    loss = -logits.log_softmax(-1)[:-1].gather(-1, torch.tensor(seq[1:], device=dev)[:, None]).mean()
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

@@ -24,7 +24,8 @@ def engine(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("m")
     hf = build_engine_checkpoint(path, "dense")
-    rollout = vLLMRollout(rollout_config(free_cache_engine=True), model_config(path), tokenizer=None)
+    rollout = vLLMRollout(rollout_config(free_cache_engine=True, enable_sleep_mode=True), model_config(path),
+                          tokenizer=None)
     yield rollout, hf
     rollout.shutdown()
     gc.collect()

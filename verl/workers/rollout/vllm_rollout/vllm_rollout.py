@@ -89,6 +89,14 @@ def uses_runtime_expert_writer(layout: Optional[Qwen35Layout], *, ascend: bool, 
     return ascend and layout is not None and layout.moe and not standalone
 
 
+def _launched_rank() -> bool:
+    """Whether this process is a rank of a launched job (torchrun, the Ray / in-process workers): its process
+    group is up and the variables vLLM's external launcher reads are set. A group left behind by an earlier
+    engine in the same process (vLLM initialises one for itself) does not count."""
+    return torch.distributed.is_initialized() and all(
+        k in os.environ for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
+
+
 def _device_memory_used_gb() -> Optional[float]:
     """GiB in use on this process's CUDA device, by every allocator and process (None off CUDA)."""
     if not torch.cuda.is_available():
@@ -130,7 +138,7 @@ class vLLMRollout(BaseRollout):
         self.lora_rank = int(model_config.get("lora_rank", 0) or 0)
         kwargs = build_llm_kwargs(config, model_config, on_gpu=self.device is not None, is_vl=is_vl,
                                   standalone=standalone, model_path=path,
-                                  in_process_group=torch.distributed.is_initialized())
+                                  in_process_group=_launched_rank())
         self.free_cache_engine = bool(config.get("free_cache_engine", True)) if hasattr(config, "get") else True
         self.llm = self._create_engine(kwargs)
         self._sleep_supported = self._sleep_mode_available() and kwargs.get("enable_sleep_mode", False)
@@ -202,7 +210,10 @@ class vLLMRollout(BaseRollout):
 
     @property
     def engine_model(self) -> torch.nn.Module:
-        return self.worker.model_runner.model
+        # The model itself, not the CUDA-graph wrapper vLLM puts around it when graphs are on: the reload calls
+        # the model's own load_weights, which LoadedNames has to see.
+        runner = self.worker.model_runner
+        return runner.get_model() if hasattr(runner, "get_model") else runner.model
 
     def _engine_param_names(self) -> set[str]:
         # With LoRA enabled, vLLM wraps layers and their weights gain a ``base_layer.`` segment.
