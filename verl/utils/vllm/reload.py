@@ -89,6 +89,32 @@ def repack_cpu_moe_experts(model: nn.Module) -> list[str]:
     return done
 
 
+def lora_base_layer_renamer(model: nn.Module) -> Optional[Callable[[str], str]]:
+    """Checkpoint name -> the name a reload must use in an engine whose layers vLLM wrapped for LoRA, or None
+    where nothing is wrapped.
+
+    With LoRA enabled, vLLM replaces each adaptable linear layer ``X`` by a wrapper holding the original as
+    ``X.base_layer``, after the initial load; a later reload in checkpoint format (a full sync, merged LoRA)
+    then names ``X.weight``, which the wrapped model no longer has (seen on vLLM 0.26 CUDA: "no module or
+    parameter named 'layers.0.linear_attn.conv1d.weight' ... are: {'...conv1d.base_layer.weight'}"). A
+    checkpoint leaf that the model packs into a fused layer (``q_proj`` into ``qkv_proj``, per the model's
+    ``packed_modules_mapping``) follows that fused layer.
+    """
+    wrapped = {path for path, m in model.named_modules() if isinstance(getattr(m, "base_layer", None), nn.Module)}
+    if not wrapped:
+        return None
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    fused_of = {leaf: fused for fused, leaves in packed.items() for leaf in leaves}
+
+    def rename(name: str) -> str:
+        module, _, param = name.rpartition(".")
+        parent, _, leaf = module.rpartition(".")
+        target = module if module in wrapped else f"{parent}.{fused_of.get(leaf, leaf)}"
+        return f"{module}.base_layer.{param}" if target in wrapped else name
+
+    return rename
+
+
 class LoadedNames:
     """``with LoadedNames(model) as loaded:`` — ``loaded.names`` is the union of what every
     ``model.load_weights(...)`` call inside the block returned (vLLM models return the set of parameter names

@@ -40,6 +40,7 @@ from verl.workers.weight_sync import (
 
 from .engine_args import (
     bucket_megabytes,
+    loads_fused_experts,
     build_llm_kwargs,
     to_generation_outputs,
     vllm_sampling_kwargs,
@@ -68,17 +69,18 @@ def _accelerator() -> Optional[str]:
     return None if name == "cpu" else name
 
 
-def sync_layout(hf_config, engine_names, *, ascend: bool) -> Optional[Qwen35Layout]:
+def sync_layout(hf_config, engine_names, *, ascend: bool, fused_experts: bool = True) -> Optional[Qwen35Layout]:
     """The name rules a full sync applies before the engine's loader: the layout class the model spec names
     (``ModelSpec.weight_sync_layout``; Qwen3.5's covers the vision tower, MTP head, tied head, shard-level
-    coverage, and per-expert checkpoint names on vLLM-Ascend, whose MoE loader needs them), or None for an
-    architecture whose spec names none (its tensors go to vLLM's loader untouched)."""
+    coverage, and per-expert checkpoint names where the engine's MoE loader needs them: vLLM-Ascend, and
+    ``fused_experts=False``, see :func:`~.engine_args.loads_fused_experts`), or None for an architecture whose
+    spec names none (its tensors go to vLLM's loader untouched)."""
     from verl.models.registry import get_model_spec
 
     layout_cls = get_model_spec(hf_config).resolve("weight_sync_layout")
     if layout_cls is None:
         return None
-    fmt = "per_expert" if ascend else "fused"
+    fmt = "per_expert" if ascend or not fused_experts else "fused"
     layout = layout_cls.from_hf_config(hf_config, language_model_only=True, expert_format=fmt)
     return layout.matching_engine(engine_names)
 
@@ -87,6 +89,17 @@ def uses_runtime_expert_writer(layout: Optional[Qwen35Layout], *, ascend: bool, 
     """vLLM-Ascend MoE, colocated: fused experts are written straight into the post-processed runtime layout.
     A server (``standalone``) reloads them through the checkpoint loader and post-processes instead."""
     return ascend and layout is not None and layout.moe and not standalone
+
+
+def _reload_unwraps_lora() -> bool:
+    """Whether this vLLM's in-place reload maps checkpoint names onto LoRA-wrapped layers itself (0.32 does,
+    through ``reload.inplace.get_parameter_for_reload``; 0.26 does not, and its loader then fails on names such
+    as ``conv1d.weight`` of a wrapped ``conv1d``)."""
+    try:
+        from vllm.model_executor.model_loader.reload.inplace import get_parameter_for_reload  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _launched_rank() -> bool:
@@ -149,7 +162,8 @@ class vLLMRollout(BaseRollout):
         from verl.models.weight_loader_registry import get_weight_loader
 
         self.custom_loader = get_weight_loader(getattr(self.hf_config, "architectures", None))
-        self.layout = sync_layout(self.hf_config, self._engine_names, ascend=self.ascend)
+        self.layout = sync_layout(self.hf_config, self._engine_names, ascend=self.ascend,
+                                  fused_experts=loads_fused_experts(import_vllm().__version__))
         self._lora_request = None
         self._lora_dir = tempfile.mkdtemp(prefix="verl_vllm_lora_")
         self._lora_version = 0
@@ -256,10 +270,17 @@ class vLLMRollout(BaseRollout):
         if lora:
             self._load_lora(weights, lora)
             return
-        from verl.utils.vllm.reload import LoadedNames, refresh_aliased_layers, repack_cpu_moe_experts
+        from verl.utils.vllm.reload import (
+            LoadedNames,
+            lora_base_layer_renamer,
+            refresh_aliased_layers,
+            repack_cpu_moe_experts,
+        )
 
         sent: list[str] = []  # HF names handed on (to the loader or the runtime-layout writer)
         layout = self.layout
+        # None unless LoRA wrapped the layers and this vLLM's reload does not resolve the wrappers itself
+        wrapped_name = None if _reload_unwraps_lora() else lora_base_layer_renamer(self.engine_model)
         writer = None
         if uses_runtime_expert_writer(layout, ascend=self.ascend, standalone=self.full_reload):
             writer = self._ascend_expert_writer()
@@ -272,7 +293,7 @@ class vLLMRollout(BaseRollout):
                 pairs = [(name, tensor)] if layout is None else to_engine_loader_format([(name, tensor)], layout)
                 for n, t in pairs:
                     sent.append(n)
-                    yield n, t
+                    yield (n if wrapped_name is None else wrapped_name(n)), t
 
         model = self.engine_model
         with LoadedNames(model, loader=self.custom_loader) as loaded:

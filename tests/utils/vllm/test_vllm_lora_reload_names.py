@@ -1,0 +1,38 @@
+"""Reload names for an engine whose layers vLLM wrapped for LoRA (pure torch stand-ins of vLLM's wrappers)."""
+
+from torch import nn
+
+from verl.utils.vllm.reload import lora_base_layer_renamer
+
+
+class _Wrapped(nn.Module):
+    """STAND-IN for vLLM's LoRA wrapper: the original layer lives on as ``base_layer``."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.base_layer = base
+
+
+class _Model(nn.Module):
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+
+    def __init__(self, wrap: bool):
+        super().__init__()
+        layer = nn.Module()
+        layer.qkv_proj = nn.Linear(4, 12)
+        layer.conv1d = nn.Linear(4, 4)
+        layer.norm = nn.LayerNorm(4)
+        if wrap:
+            layer.qkv_proj, layer.conv1d = _Wrapped(layer.qkv_proj), _Wrapped(layer.conv1d)
+        self.layers = nn.ModuleList([layer])
+
+
+def test_wrapped_layers_and_the_leaves_packed_into_them_get_base_layer():
+    rename = lora_base_layer_renamer(_Model(wrap=True))
+    assert rename("layers.0.conv1d.weight") == "layers.0.conv1d.base_layer.weight"
+    assert rename("layers.0.q_proj.weight") == "layers.0.q_proj.base_layer.weight"  # the loader maps q -> qkv
+    assert rename("layers.0.norm.weight") == "layers.0.norm.weight"  # not an adaptable layer
+
+
+def test_an_engine_without_lora_keeps_checkpoint_names():
+    assert lora_base_layer_renamer(_Model(wrap=False)) is None
