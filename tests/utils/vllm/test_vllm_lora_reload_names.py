@@ -36,3 +36,16 @@ def test_wrapped_layers_and_the_leaves_packed_into_them_get_base_layer():
 
 def test_an_engine_without_lora_keeps_checkpoint_names():
     assert lora_base_layer_renamer(_Model(wrap=False)) is None
+
+
+def test_names_a_module_reported_relative_to_itself_resolve_to_its_delegates_parameters():
+    from verl.utils.vllm.reload import resolve_delegated_names
+
+    params = {"m.layers.0.mlp.experts.routed_experts.w13_weight", "m.layers.0.mlp.experts.routed_experts.w2_weight",
+              "m.layers.0.mlp.gate.weight", "m.e.a.w", "m.e.b.w"}
+    reported = {"m.layers.0.mlp.experts.w13_weight", "m.layers.0.mlp.gate.weight", "m.e.w", "m.nothing.w"}
+    resolved = resolve_delegated_names(reported, params)
+    assert "m.layers.0.mlp.experts.routed_experts.w13_weight" in resolved and "m.layers.0.mlp.gate.weight" in resolved
+    # ambiguous (two candidates) or unknown names stay as reported: the coverage check still sees what is missing
+    assert {"m.e.w", "m.nothing.w"} <= resolved and not {"m.e.a.w", "m.e.b.w"} & resolved
+    assert "m.layers.0.mlp.experts.routed_experts.w2_weight" not in resolved  # never reported: still missing

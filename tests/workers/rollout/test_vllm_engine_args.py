@@ -172,23 +172,3 @@ def test_nccl_server_refuses_the_trainers_gpu_and_takes_another():
     assert server_device("gloo", None, None) is None  # CPU hosts: the server shares nothing but the host
     with pytest.raises(ValueError, match="must be a cuda device"):
         server_device("nccl", gpu0, "cpu")
-
-
-@pytest.mark.parametrize("version,fused", [("0.26.0", False), ("0.26.0+cu130", False), ("0.31.9", False),
-                                           ("0.32.0", True), ("0.32.0+cpu", True), ("1.0.0", True)])
-def test_expert_format_follows_what_the_vllm_release_loads(version, fused):
-    from verl.workers.rollout.vllm_rollout.engine_args import loads_fused_experts
-
-    assert loads_fused_experts(version) is fused
-
-
-def test_per_expert_names_for_a_vllm_that_cannot_load_fused_experts():
-    from transformers import Qwen3_5MoeTextConfig
-
-    from verl.workers.rollout.vllm_rollout.vllm_rollout import sync_layout
-
-    cfg = Qwen3_5MoeTextConfig(num_hidden_layers=1, num_experts=4, layer_types=["full_attention"],
-                               architectures=["Qwen3_5MoeForCausalLM"])
-    engine = ["model.layers.0.mlp.experts.routed_experts.w13_weight"]
-    assert sync_layout(cfg, engine, ascend=False, fused_experts=False).expert_format == "per_expert"
-    assert sync_layout(cfg, engine, ascend=False, fused_experts=True).expert_format == "fused"

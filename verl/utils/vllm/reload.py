@@ -115,6 +115,29 @@ def lora_base_layer_renamer(model: nn.Module) -> Optional[Callable[[str], str]]:
     return rename
 
 
+def resolve_delegated_names(reported: set[str], param_names: set[str]) -> set[str]:
+    """``reported`` with each name that is no parameter of the engine replaced by the one parameter it stands
+    for, where a module loaded its weights through a child and reported them relative to itself.
+
+    vLLM 0.26's fused-MoE layer delegates to its ``routed_experts`` child, which loads ``w13_weight`` /
+    ``w2_weight`` (fused or per-expert checkpoint tensors alike) and reports them as ``<layer>.experts.w13_weight``
+    although the parameters are ``<layer>.experts.routed_experts.w13_weight`` (vLLM's own reload then warns
+    they were not loaded). Only an exact one-segment gap with a single candidate counts; anything else stays
+    unresolved, so a weight that was really skipped still fails the coverage check.
+    """
+    by_gap: dict[str, list[str]] = defaultdict(list)
+    for name in param_names:
+        parent, _, leaf = name.rpartition(".")
+        grand, _, _child = parent.rpartition(".")
+        if grand:
+            by_gap[f"{grand}.{leaf}"].append(name)
+    out = set()
+    for name in reported:
+        candidates = by_gap.get(name, []) if name not in param_names else []
+        out.add(candidates[0] if len(candidates) == 1 else name)
+    return out
+
+
 class LoadedNames:
     """``with LoadedNames(model) as loaded:`` — ``loaded.names`` is the union of what every
     ``model.load_weights(...)`` call inside the block returned (vLLM models return the set of parameter names

@@ -182,21 +182,6 @@ def build_llm_kwargs(
     return {k: v for k, v in kw.items() if v is not None}
 
 
-# Oldest vLLM release seen loading transformers 5's fused MoE expert tensors (``mlp.experts.gate_up_proj`` /
-# ``down_proj``) through a Qwen3.5 reload: 0.32 (CPU build). 0.26 (CUDA, H200, 2026-11-26) skips them and reports
-# the routed experts not loaded, so older releases get per-expert checkpoint names.
-FUSED_EXPERTS_SINCE = (0, 32)
-
-
-def loads_fused_experts(vllm_version: str) -> bool:
-    """Whether this vLLM's MoE loader takes fused expert tensors (else the sync expands them per expert)."""
-    parts = []
-    for piece in str(vllm_version).split(".")[:2]:
-        digits = "".join(c for c in piece if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts) >= FUSED_EXPERTS_SINCE
-
-
 FLASHINFER_SAMPLER_ENV = "VLLM_USE_FLASHINFER_SAMPLER"
 _GDN_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.gdn_prefill_backend"
 
