@@ -26,16 +26,24 @@ def load_config(argv: list[str], resolve: bool = True) -> DictConfig:
     return _load(parse_args(argv), resolve=resolve)
 
 
-def _load(args, resolve: bool = True) -> DictConfig:
+def _load(args, resolve: bool = True, check_host: bool = False) -> DictConfig:
+    """Compose and validate; ``check_host`` (a real run) first checks the model path and data files, and
+    lists what is missing there before any batch-size problem (verl/trainer/preflight.py)."""
     from verl.trainer.config.checks import compose_config, validate_config
     from verl.trainer.demo import register_resolver
+    from verl.trainer.preflight import host_problems, validate_in_order
 
     register_resolver()
     cfg = compose_config(args.config_name, args.overrides, config_dir=args.config_dir, validate=False)
     if resolve:
         OmegaConf.resolve(cfg)
-    validate_config(cfg)
+    first = host_problems(cfg, _MODEL_KEYS, ("data.train_files", "data.val_files")) if check_host else []
+    validate_in_order(cfg, first, validate_config)
     return cfg
+
+
+# The checkpoints a run loads (the critic's and the reward model's paths are checked by their loaders).
+_MODEL_KEYS = ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path")
 
 
 def _set_total_steps(cfg: DictConfig, total: int) -> None:
@@ -215,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = _load(args, resolve=False)  # a dry run builds nothing (the demo's assets included)
             cli.print_config(cfg, args)
             return 0
-        run_ppo(_load(args))
+        run_ppo(_load(args, check_host=True))
     except Exception as exc:  # noqa: BLE001 - user errors become one paragraph, bugs keep their traceback
         code = cli.report_user_error(exc)
         if code is None:
