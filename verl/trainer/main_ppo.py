@@ -135,7 +135,7 @@ def run_ppo(cfg: DictConfig) -> dict:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
-    from verl.utils.tracking import Tracking
+    from verl.utils.tracking import Tracking, announce_run_dir, new_run_dir
     from verl.utils.tokenizer import load_tokenizer_and_processor
 
     from transformers import AutoConfig
@@ -171,13 +171,15 @@ def run_ppo(cfg: DictConfig) -> dict:
         wg.init_model()
     trainer = RayPPOTrainer(cfg, tokenizer, groups, train_ds, val_ds, collate_fn, reward_fn, val_reward_fn,
                             processor=processor)
+    run_dir = new_run_dir(cfg.trainer.default_local_dir)
     tracker = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, default_backend=list(cfg.trainer.logger),
-                       config=OmegaConf.to_container(cfg, resolve=True))
+                       config=OmegaConf.to_container(cfg, resolve=True), run_dir=run_dir)
+    announce_run_dir(tracker, "reward_curve.png")
     try:
         result = trainer.fit(tracker)
     finally:
         tracker.finish()
-    curve = plot_reward_curve(result.get("history", []) if isinstance(result, dict) else [], cfg)
+    curve = plot_reward_curve(result.get("history", []) if isinstance(result, dict) else [], cfg, run_dir)
     if curve:
         print(f"Reward curve written to {curve}", flush=True)
     return result
@@ -190,15 +192,14 @@ def _reward_where(cfg: DictConfig) -> str:
     return f"reward manager {cfg.reward.reward_manager.get('name')!r} with the default scorer of the data_source"
 
 
-def plot_reward_curve(history: list[dict], cfg: DictConfig) -> str | None:
-    """PNG of critic/score/mean per step (and validation score where measured) next to the checkpoints."""
+def plot_reward_curve(history: list[dict], cfg: DictConfig, run_dir: str) -> str | None:
+    """PNG of critic/score/mean per step (and validation score where measured) in this run's directory."""
     from verl.utils.plot import plot_history
 
     val_keys = sorted({k for h in history for k in h if k.startswith("val-core/") and k.endswith("/mean@1")})
     series = [("critic/score/mean", "critic/score/mean (train)", "o-")]
     series += [(k, "val-core mean@1 (greedy)" if len(val_keys) == 1 else k, "s--") for k in val_keys]
-    out_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
-    return plot_history(history, series, os.path.join(out_dir, "reward_curve.png"),
+    return plot_history(history, series, os.path.join(run_dir, "reward_curve.png"),
                         f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}", "score", "training/global_step")
 
 

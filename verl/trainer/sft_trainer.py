@@ -210,11 +210,12 @@ def _seed(seed: int) -> None:
 
 
 def run_sft(config: DictConfig, strategy: str = "fsdp") -> dict:
-    """Train; returns the trainer's result (``history`` of logged metrics, last ``checkpoint``, ``loss_curve``)."""
+    """Train; returns the trainer's result (``history`` of logged metrics, last ``checkpoint``, ``loss_curve``,
+    ``run_dir``: this run's own folder under ``trainer.default_local_dir/runs/`` with the curve and metric log)."""
     import torch.distributed as dist
 
     from verl.utils.plot import plot_history
-    from verl.utils.tracking import Tracking
+    from verl.utils.tracking import Tracking, announce_run_dir, new_run_dir
 
     _init_distributed()
     _seed(int(config.trainer.seed))
@@ -225,18 +226,21 @@ def run_sft(config: DictConfig, strategy: str = "fsdp") -> dict:
         logger.warning("trainer.nnodes * trainer.n_gpus_per_node = %d but %d processes were launched; training "
                        "on %d", planned, dist.get_world_size(), dist.get_world_size())
     trainer = SFTTrainer(config, strategy)
-    tracker = None
+    tracker = run_dir = None
     if rank == 0:
+        run_dir = new_run_dir(config.trainer.default_local_dir)
         tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name,
-                           default_backend=list(config.trainer.logger), config=OmegaConf.to_container(config))
+                           default_backend=list(config.trainer.logger), config=OmegaConf.to_container(config),
+                           run_dir=run_dir)
+        announce_run_dir(tracker, "loss_curve.png")
     try:
         result = trainer.fit(tracker)
     finally:
         if tracker is not None:
             tracker.finish()
-    result["loss_curve"] = None
+    result["loss_curve"], result["run_dir"] = None, run_dir
     if rank == 0:
-        out = os.path.join(os.path.abspath(os.path.expanduser(config.trainer.default_local_dir)), "loss_curve.png")
+        out = os.path.join(run_dir, "loss_curve.png")
         result["loss_curve"] = plot_history(result["history"], [("train/loss", "train/loss", "o-"),
                                                                 ("val/loss", "val/loss", "s--")],
                                             out, f"{config.trainer.project_name} / {config.trainer.experiment_name}",
