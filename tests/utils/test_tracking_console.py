@@ -34,6 +34,14 @@ def test_watched_metrics_are_added_by_key_or_pattern():
     assert console_line(PPO_STEP, 1, watch="critic/score/mean").count("0.531") == 1
 
 
+def test_small_and_large_values_stay_readable():
+    line = console_line({"actor/pg_loss": -3.2e-05, "critic/score/mean": 0.0, "timing_s/step": 0.5}, 1,
+                        watch="perf/*")
+    assert line == "step 1 | score 0.000 | loss -3.2e-05 | 0.50 s/step"
+    assert console_line({"perf/total_num_tokens": 123456}, 1, watch="perf/*") == "step 1 | perf/total_num_tokens 123456"
+    assert console_line({"perf/x": 123456.0}, 1, watch="perf/*") == "step 1 | perf/x 1.235e+05"
+
+
 def test_all_prints_every_metric():
     line = console_line(PPO_STEP, 5, watch="all")
     assert line.startswith("step:5 - ") and all(k in line for k in PPO_STEP)

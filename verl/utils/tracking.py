@@ -49,6 +49,8 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         if not math.isfinite(v) or v == 0 or 1e-3 <= abs(v) < 100:
             return f"{v:.3f}"
+        if abs(v) < 1e-3:
+            return f"{v:.1e}"  # a tiny loss stays visible (and keeps its sign)
         return f"{v:.1f}" if abs(v) < 1e4 else f"{v:.4g}"
     return str(v)
 
