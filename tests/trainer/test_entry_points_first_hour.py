@@ -92,7 +92,7 @@ def test_sft_missing_data_reported_first_and_device_follows_host(in_tmp, capsys)
     assert "data.micro_batch_size_per_gpu" in problems[1]
     assert "trainer.device" not in "\n".join(problems)
     if get_device_name() != "cuda":  # the default follows the host, said in one line before the problems
-        note = [line for line in err.splitlines() if line.startswith("trainer.device=cuda (the default)")]
+        note = [line for line in err.splitlines() if line.startswith("trainer.device=cuda (from the config) but this host has no cuda")]
         assert len(note) == 1 and f"training on {get_device_name()}" in note[0]
 
 

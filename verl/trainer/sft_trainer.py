@@ -138,15 +138,18 @@ def _device_problem(device) -> Optional[str]:
 
 
 def _default_device_to_host(cfg: DictConfig, argv: list[str]) -> None:
-    """``trainer.device`` left at its default (upstream's ``cuda``) follows the host, said in one line; a device
-    the user names is kept, and a wrong one is reported with the paths, before the batch-size checks."""
+    """``trainer.device`` not named on the command line (upstream's default is ``cuda``) follows the host, said
+    in one line; a device the user names is kept, and a wrong one is reported with the paths, before the
+    batch-size checks."""
     from verl.utils.device import get_device_name
 
     host = get_device_name()
     named = any(_override_key(a) == "trainer.device" for a in argv)
     if not named and cfg.trainer.device != host:
-        print(f"trainer.device={cfg.trainer.device} (the default) but this host has no {cfg.trainer.device}: "
-              f"training on {host} (set trainer.device to choose)", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per torchrun rank
+            print(f"trainer.device={cfg.trainer.device} (from the config) but this host has no {cfg.trainer.device}: "
+                  f"training on {host}; name trainer.device on the command line to choose", file=sys.stderr,
+                  flush=True)
         cfg.trainer.device = host
 
 
