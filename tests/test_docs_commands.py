@@ -266,3 +266,18 @@ def test_an_example_script_runs_as_written_in_a_clean_shell(tmp_path):
                        "--package", "global_profiler"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tool: torch" in proc.stdout
+
+
+def test_readme_opens_with_the_commands_and_what_they_do():
+    """Issue 25: the first screen says what the project is, the set-up and the two commands, what the demo
+    prints and how long it took; the feature table and GPU figures follow."""
+    text = (REPO / "README.md").read_text()
+    first_screen = "\n".join(text.splitlines()[:60])
+    for command in ("bash scripts/setup.sh", ".venv/bin/python -m verl.trainer.main_ppo",
+                    ".venv/bin/python -m pytest -q"):
+        assert command in first_screen, command
+    assert "step 1 | score " in first_screen and "2-core CPU" in first_screen
+    assert text.index("## Quick start") < text.index("### Where a run's outputs go") < text.index(
+        "## Features and status") < text.index("Measured on one H200")
+    # The set-up runs once, not in front of every command.
+    assert "setup.sh &&" not in text
