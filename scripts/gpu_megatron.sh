@@ -15,8 +15,9 @@
 # Assumes the wheels of /work/main/.whl are importable, e.g. PYTHONPATH=/tmp/site on the lent machine:
 #   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_megatron.sh
 # Knobs: PARTS="versions pytest grpo parity bench" (subset / order), T_PYTEST, T_GRPO, T_PARITY, T_BENCH (s).
-# On a fresh machine fla's TileLang / Triton kernels compile on first use (a minute or more per shape set),
-# so the whole script takes ~15-20 min; within 10-minute device calls run it in two halves:
+# On a fresh machine fla's TileLang / Triton kernels compile on first use (2026-11-25, one H100: the first GRPO
+# step took 161.7 s, the next 4.42 s; docs/advance/megatron.md), so within the device tool's per-call time
+# limit run it in two halves:
 #   PARTS="versions pytest grpo" bash scripts/gpu_megatron.sh;  PARTS="parity bench" bash scripts/gpu_megatron.sh
 # Every part has its own time limit; a failure does not stop the next. Logs: $OUT/megatron_*.log.
 set -u

@@ -15,7 +15,7 @@
 # Needs the wheels of ../shared/tools/gpu_wheels.sh --ray installed (fla, megatron-core, Hydra, tensordict, Ray):
 #   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_multi.sh
 # Knobs: PARTS="versions fsdp mcore megatron", T_FSDP / T_MCORE / T_MEGATRON (seconds per part),
-# MEGATRON_CASES="tp2 ep2 pp2" (a subset, to fit the device tool's 10-minute calls). Logs: $OUT.
+# MEGATRON_CASES="tp2 ep2 pp2" (a subset, to fit the device tool's per-call time limit). Logs: $OUT.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/gpu_multi_out}"

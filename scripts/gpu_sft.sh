@@ -59,7 +59,7 @@ run() {  # name, then the run's own overrides
     shift
     rm -rf "${WORK:?}/$name" "$OUT/$name.jsonl"
     VERL_FILE_LOGGER_PATH="$OUT/$name.jsonl" timeout 300 "$PY" -m verl.trainer.sft_trainer "${COMMON[@]}" "$@" \
-        trainer.default_local_dir="$WORK/$name" 2>&1 | tee "$OUT/$name.log" | grep -E "^step:|[Ee]rror" || true
+        trainer.default_local_dir="$WORK/$name" 2>&1 | tee "$OUT/$name.log" | grep -E "^step |[Ee]rror" || true
 }
 
 run fsdp "${FSDP_OPTIM[@]}" data.micro_batch_size_per_gpu=8

@@ -14,7 +14,7 @@
 #        rollout   scripts/gpu_rollout.sh   (hf engine GPU tests, engine vs generate benchmark, GRPO step)
 #   7. a summary: each part's exit code and time, then every result table again
 #
-# The device tool allows 10 minutes per call: run the parts in groups, e.g.
+# The device tool limits each call's time: run the parts in groups, e.g.
 #   SUITE_PARTS="smi pytest grpo actor logprob"; SUITE_PARTS=megatron; SUITE_PARTS="sft rollout"
 #
 # Each part runs under its own time limit and a failure never stops the next one. Everything is tee'd into

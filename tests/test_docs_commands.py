@@ -6,9 +6,14 @@ trainer's own compose and validation.
 
 Markdown / reST: the command lines (with their ``\\`` continuations) are read from the files; a literal
 ``...`` ("the rest of your command") is dropped, so a partial command is checked as a user would run it:
-with no model path it runs on the embedded demo. Shell scripts are run under bash with ``python``,
-``python3`` and ``torchrun`` stubbed (as upstream's example scan did), so their variables and defaults are
-expanded by bash itself and nothing is executed.
+with no model path it runs on the embedded demo. Shell scripts are run under bash in a stand-in checkout
+whose ``.venv/bin/python`` is a stub that records its arguments (so their variables and defaults are
+expanded by bash itself and nothing is executed).
+
+Issue 25, "commands that run as written in a fresh shell": a fresh shell's ``python`` is not the project's
+environment, so every command names the interpreter that the README's set-up creates (``.venv/bin/...``) or
+comes after the line that activates a venv; the scripts' bare ``python``/``python3``/``torchrun`` are traps
+that fail the test. A few cheap commands (``--help``, ``--cfg job``) are really run, in a clean environment.
 """
 
 from __future__ import annotations
@@ -76,17 +81,38 @@ def _doc_commands() -> list[tuple[str, str, list[str]]]:
     return found
 
 
+# What `bash scripts/setup.sh` creates: the interpreter prefix every documented command must use.
+VENV_BIN = ".venv/bin/"
+BARE = ("python", "python3", "pip", "pip3", "pytest", "torchrun")
+
+
+def _stub(path: Path, log: Path, fail: bool = False) -> None:
+    """An executable that appends its argv to ``log`` (and fails when ``fail``: a bare interpreter call).
+    Its own interpreter is named by absolute path: `env python3` would find a stub on PATH."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"open({str(log)!r}, 'a').write(json.dumps([sys.argv[0]] + sys.argv[1:]) + '\\n')\n"
+                    + ("sys.exit(97)\n" if fail else ""))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def _standin_checkout(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """``tmp/repo``: links to this checkout's top-level entries plus a ``.venv/bin/python`` stub, and a
+    folder of trap executables (bare ``python``, ``torchrun``, ...) for PATH. Returns (repo, log, traps)."""
+    repo, log, traps = tmp_path / "repo", tmp_path / "calls.jsonl", tmp_path / "traps"
+    repo.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in (".venv", ".git"):
+            (repo / entry.name).symlink_to(entry)
+    _stub(repo / ".venv" / "bin" / "python", log)
+    for name in BARE:
+        _stub(traps / name, log, fail=True)
+    return repo, log, traps
+
+
 def _script_commands(tmp_path: Path) -> list[tuple[str, str, list[str]]]:
-    stub_dir = tmp_path / "bin"
-    stub_dir.mkdir()
-    log = tmp_path / "calls.jsonl"
-    stub = stub_dir / "python"
-    # The stub's interpreter is named by absolute path: `env python3` would find the stub itself.
-    stub.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                    f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
-    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
-    for name in ("python3", "torchrun"):  # torchrun's own flags come before `-m MODULE`, like python's
-        (stub_dir / name).symlink_to(stub)
+    repo, log, traps = _standin_checkout(tmp_path)
+    venv_python = str(repo / ".venv" / "bin" / "python")
     found = []
     scripts = sorted({p for pattern in SCRIPT_GLOBS for p in REPO.glob(pattern)})
     for script in scripts:
@@ -95,15 +121,20 @@ def _script_commands(tmp_path: Path) -> list[tuple[str, str, list[str]]]:
         if not mentioned:
             continue
         log.write_text("")
-        # Variables a script requires without a default get a placeholder (nothing reads them here).
-        env = {"PATH": f"{stub_dir}:/usr/bin:/bin", "HOME": str(tmp_path),
+        rel = script.relative_to(REPO)
+        # A fresh shell: no PYTHON, the system's PATH with the traps first. Variables a script requires
+        # without a default get a placeholder (nothing reads them here).
+        env = {"PATH": f"{traps}:/usr/bin:/bin", "HOME": str(tmp_path),
                "LORA_ADAPTER_PATH": str(tmp_path / "lora_adapter")}
-        proc = subprocess.run(["bash", str(script)], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, f"{script} failed under the stubs: {proc.stderr[-2000:]}"
+        proc = subprocess.run(["bash", str(repo / rel)], env=env, cwd=repo, capture_output=True, text=True,
+                              timeout=60)
         calls = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        bare = [c for c in calls if c[0] != venv_python]
+        assert not bare, f"{rel} calls {[Path(c[0]).name for c in bare]} from PATH, not {VENV_BIN}python"
+        assert proc.returncode == 0, f"{rel} failed under the stubs: {proc.stderr[-2000:]}"
         launched = [(m, c[c.index(m) + 1:]) for c in calls for m in MODULES if m in c]
-        assert launched, f"{script} mentions {mentioned} but never launched it"
-        found += [(str(script.relative_to(REPO)), m, args) for m, args in launched]
+        assert launched, f"{rel} mentions {mentioned} but never launched it"
+        found += [(str(rel), m, args) for m, args in launched]
     return found
 
 
@@ -170,3 +201,83 @@ def test_example_and_recipe_scripts_compose_and_validate(tmp_path):
         except AssertionError as err:
             failures.append(str(err))
     assert not failures, "\n\n".join(failures)
+
+
+# --------------------------------------------------------------------------- issue 25: a fresh shell
+_COMMAND = re.compile(r"^\s*(?:\$ )?(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(\S+)")
+_ACTIVATE = re.compile(r"source \S*bin/activate")
+
+
+def _interpreter_problems(path: Path, root: Path = REPO) -> list[str]:
+    """Lines of ``path`` whose command starts with a bare python / pip / pytest / torchrun before any line
+    that activates a venv."""
+    problems = []
+    activated = False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        activated = activated or bool(_ACTIVATE.search(line))
+        found = _COMMAND.match(line)
+        if found and found.group(1) in BARE and not activated:
+            problems.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    return problems
+
+
+def test_setup_creates_the_interpreter_the_docs_name():
+    assert 'VENV="$ROOT/.venv"' in (REPO / "scripts" / "setup.sh").read_text()
+
+
+def test_doc_commands_name_the_projects_interpreter(tmp_path):
+    docs = sorted({p for pattern in DOC_GLOBS for p in REPO.glob(pattern)})
+    problems = [p for doc in docs for p in _interpreter_problems(doc)]
+    assert not problems, ("commands a fresh shell runs with the system's interpreter; write .venv/bin/python "
+                          "(or activate the venv first):\n" + "\n".join(problems))
+    # The check itself finds a bare command, and accepts one after an activation line.
+    sample = tmp_path / "x.md"
+    sample.write_text("```bash\nFOO=1 python -m verl.trainer.main_ppo\n.venv/bin/python x.py\n"
+                      "source .venv/bin/activate\npytest -q\n```\n")
+    assert _interpreter_problems(sample, root=tmp_path) == ["x.md:2: FOO=1 python -m verl.trainer.main_ppo"]
+
+
+def _clean_run(args: list[str], tmp_path: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    """Run a documented command from the repository root in a clean environment (no PYTHONPATH, no
+    activated venv, the system's PATH). ``.venv/bin/python`` is this checkout's when it has one; a git
+    worktree that shares another checkout's venv runs it with this test's interpreter (PYTHON=... for the
+    scripts), still importing this checkout's ``verl`` from the working directory."""
+    venv = REPO / ".venv" / "bin" / "python"
+    python = str(venv) if venv.exists() else sys.executable
+    args = [python if a == ".venv/bin/python" else a for a in args]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "VERL_DEMO_DIR": str(tmp_path / "demo"),
+           "PYTHON": python}
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_readme_and_sft_commands_answer_help_and_cfg_in_a_clean_shell(tmp_path):
+    ppo = _clean_run([".venv/bin/python", "-m", PPO, "--cfg", "job", "--package", "trainer"], tmp_path)
+    assert ppo.returncode == 0, ppo.stderr[-3000:]
+    assert "project_name: verl_demo" in ppo.stdout
+    sft = _clean_run([".venv/bin/python", "-m", SFT, "--help"], tmp_path)
+    assert sft.returncode == 0 and sft.stdout.startswith(f"usage: python -m {SFT}"), sft.stderr[-3000:]
+    assert not (tmp_path / "demo").exists()  # neither built the demo
+
+
+def test_an_example_script_runs_as_written_in_a_clean_shell(tmp_path):
+    # The profiler example on the demo, with --cfg job appended (the scripts pass "$@" on): the real
+    # interpreter composes and validates it, and nothing trains.
+    proc = _clean_run(["bash", "examples/profiler/run_demo_torch_profile.sh", "--cfg", "job",
+                       "--package", "global_profiler"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tool: torch" in proc.stdout
+
+
+def test_readme_opens_with_the_commands_and_what_they_do():
+    """Issue 25: the first screen says what the project is, the set-up and the two commands, what the demo
+    prints and how long it took; the feature table and GPU figures follow."""
+    text = (REPO / "README.md").read_text()
+    first_screen = "\n".join(text.splitlines()[:60])
+    for command in ("bash scripts/setup.sh", ".venv/bin/python -m verl.trainer.main_ppo",
+                    ".venv/bin/python -m pytest -q"):
+        assert command in first_screen, command
+    assert "step 1 | score " in first_screen and "2-core CPU" in first_screen
+    assert text.index("## Quick start") < text.index("### Where a run's outputs go") < text.index(
+        "## Features and status") < text.index("Measured on one H200")
+    # The set-up runs once, not in front of every command.
+    assert "setup.sh &&" not in text

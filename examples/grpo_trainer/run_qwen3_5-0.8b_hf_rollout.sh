@@ -2,14 +2,17 @@
 # GRPO on one GPU with the built-in `hf` rollout engine: the actor's own module generates (no vLLM, no weight
 # sync), through the Qwen3.5 decode loop of verl/workers/rollout/hf_engine (packed prefill, CUDA-graph decode,
 # continuous batching). See docs/advance/hf_rollout.md.
-# Data: python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
+# Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 # Model: a local copy of Qwen3.5-0.8B (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-0.8B
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-0.8B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 
-python3 -m verl.trainer.main_ppo \
+"$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \

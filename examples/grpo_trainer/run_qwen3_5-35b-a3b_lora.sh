@@ -4,16 +4,19 @@
 # experts stay frozen, so vLLM receives only the adapter. To adapt the routed experts as well, add
 #   actor_rollout_ref.model.target_parameters=all-experts   (needs lora_dropout=0, the default)
 # and the rollout then receives merged weights after every update instead of the adapter (chosen automatically).
-# Data: python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
+# Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 # Model: a local copy of Qwen3.5-35B-A3B (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-35B-A3B
 # The adapter is written to <default_local_dir>/global_step_N/actor/lora_adapter/ on every save.
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-35B-A3B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 NGPUS=${NGPUS:-8}
 
-python3 -m verl.trainer.main_ppo \
+"$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \

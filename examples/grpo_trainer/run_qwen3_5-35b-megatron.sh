@@ -6,12 +6,15 @@
 #   Packing stays on: megatron-core >= 0.18 runs Gated DeltaNet on packed sequences (cu_seqlens), which upstream
 #   verl's Qwen3.5 recipe had to turn off (use_remove_padding=False).
 #   Parameters, gradients and optimizer state are offloaded while vLLM generates (colocated).
-# Data: python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
+# Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 # Model: a local copy of Qwen3.5-35B-A3B (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-35B-A3B
-# Needs the mcore extra (pip install -e .[mcore]: megatron-core >= 0.18, Python 3.12, CUDA) and a Ray cluster
+# Needs the mcore extra (.venv/bin/pip install -e ".[mcore]": megatron-core >= 0.18, Python 3.12, CUDA) and a Ray cluster
 # spanning both nodes (ray start --head on node 0, ray start --address=... on node 1, then run this on node 0).
 # The parallel sizes are checked against the checkpoint's config before any worker starts.
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-35B-A3B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
@@ -19,7 +22,7 @@ NNODES=${NNODES:-2}
 NGPUS=${NGPUS:-8}
 MEGA=actor_rollout_ref.actor.megatron
 
-python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
+"$PYTHON" -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
     algorithm.adv_estimator=grpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \

@@ -2,17 +2,20 @@
 # GRPO on Qwen3.5-9B (dense, Gated DeltaNet + gated attention) with the Megatron-Core engine, 8 GPUs, packed
 # (THD) sequences, vLLM rollout. TP 2 x DP 4 with the distributed optimizer; sequence parallelism on; weights,
 # gradients and optimizer state offloaded while vLLM generates.
-# Data: python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
+# Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 # Model: a local copy of Qwen3.5-9B (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-9B
-# Needs the mcore extra (pip install -e .[mcore]: megatron-core >= 0.18, Python 3.12, CUDA).
+# Needs the mcore extra (.venv/bin/pip install -e ".[mcore]": megatron-core >= 0.18, Python 3.12, CUDA).
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-9B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 NGPUS=${NGPUS:-8}
 MEGA=actor_rollout_ref.actor.megatron
 
-python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
+"$PYTHON" -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
     algorithm.adv_estimator=grpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \

@@ -3,17 +3,20 @@
 # LORA_ADAPTER_PATH: a directory with adapter_config.json + adapter_model.safetensors, e.g.
 #   checkpoints/verl_grpo_example_gsm8k/qwen3_5_9b_lora/global_step_100/actor/lora_adapter
 # Rank and alpha come from its adapter_config.json (they override lora_rank/lora_alpha; the run logs it).
-# Data: python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
+# Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 # Model: a local copy of Qwen3.5-9B (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-9B
 # The adapter is written to <default_local_dir>/global_step_N/actor/lora_adapter/ on every save.
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-9B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 NGPUS=${NGPUS:-8}
 LORA_ADAPTER_PATH=${LORA_ADAPTER_PATH:?set LORA_ADAPTER_PATH to a saved lora_adapter directory}
 
-python3 -m verl.trainer.main_ppo \
+"$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \

@@ -4,10 +4,13 @@
 # (Qwen3.5's XML format, parsed by multi_turn.format=qwen3_coder), the tool result comes back as a tool turn
 # whose tokens are masked out of the loss, and the episode goes on until a plain answer or a turn limit.
 # FSDP2 actor + colocated vLLM rollout, 8 GPUs.
-# Data: python examples/data_preprocess/gsm8k_w_tool.py --local_save_dir $HOME/data/gsm8k_w_tool
+# Data: .venv/bin/python examples/data_preprocess/gsm8k_w_tool.py --local_save_dir $HOME/data/gsm8k_w_tool
 # Model: a local copy (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-9B
 # See docs/advance/multiturn.md for the multi_turn keys, the parsers and the logged agent_loop/* metrics.
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
 
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-9B}
@@ -15,7 +18,7 @@ DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k_w_tool}
 TOOL_CONFIG=${TOOL_CONFIG:-$REPO_DIR/examples/sglang_multiturn/config/tool_config/calculator_tool_config.yaml}
 NGPUS=${NGPUS:-8}
 
-python3 -m verl.trainer.main_ppo \
+"$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # GRPO on Qwen3.5-9B (dense), FSDP2 + colocated vLLM-Ascend rollout, 8 Ascend NPUs.
-# Data: python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
+# Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 # Model: a local copy (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-9B
 # See docs/qwen3_5_vllm_fsdp.md for the version matrix and the weight-sync settings used here.
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-9B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
@@ -13,7 +16,7 @@ export VLLM_ASCEND_ENABLE_NZ=0
 # HCCL for the trainer; vLLM-Ascend runs the rollout shards in the trainer processes (external launcher).
 export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1800}
 
-python3 -m verl.trainer.main_ppo \
+"$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \

@@ -6,9 +6,12 @@
 # Add global_profiler.profile_continuous_steps=true for one trace covering both steps.
 set -xeuo pipefail
 
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
+
 SAVE_PATH=${SAVE_PATH:-outputs/profile}
 
-python3 -m verl.trainer.main_ppo \
+"$PYTHON" -m verl.trainer.main_ppo \
     trainer.total_training_steps=3 \
     trainer.val_before_train=false \
     global_profiler.tool=torch \

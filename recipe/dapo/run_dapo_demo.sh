@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # DAPO on the embedded demo (tiny Qwen3.5, letter-echo task, CPU, no downloads): a few steps that exercise
-# dynamic sampling, the dapo reward manager and token-level rollout correction. Prints the per-step metrics,
-# including train/num_gen_batches, training/rollout_probs_diff_* and rollout_corr/*.
+# dynamic sampling, the dapo reward manager and token-level rollout correction. Each step's console line adds
+# train/num_gen_batches, training/rollout_probs_diff_* and rollout_corr/* (VERL_CONSOLE_METRICS); every metric
+# is in the run directory's metrics.jsonl.
 set -xeuo pipefail
 
-python3 -m verl.trainer.main_ppo --config-name demo \
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
+export VERL_CONSOLE_METRICS=${VERL_CONSOLE_METRICS:-train/num_gen_batches,training/rollout_probs_diff_*,rollout_corr/*}
+
+"$PYTHON" -m verl.trainer.main_ppo --config-name demo \
     trainer.total_training_steps=${STEPS:-5} \
     trainer.val_before_train=False \
     trainer.test_freq=-1 \

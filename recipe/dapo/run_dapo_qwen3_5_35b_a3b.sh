@@ -6,6 +6,9 @@
 # Start Ray on both nodes first (docs/start/multinode.md); run this on the head node.
 set -xeuo pipefail
 
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
+
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-35B-A3B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 NGPUS=${NGPUS:-8}
@@ -14,7 +17,7 @@ MAX_PROMPT=${MAX_PROMPT:-1024}
 MAX_RESPONSE=${MAX_RESPONSE:-8192}
 OVERLONG=${OVERLONG:-2048}
 
-python3 -m verl.trainer.main_ppo \
+"$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     algorithm.use_kl_in_reward=False \
     algorithm.filter_groups.enable=True \

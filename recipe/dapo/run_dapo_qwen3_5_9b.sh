@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # DAPO on Qwen3.5-9B (dense): dynamic sampling, clip-higher, overlong shaping, token-mean loss, no KL.
 # FSDP2 actor + colocated vLLM rollout, 8 GPUs per node. Token-level truncated IS corrects the vLLM/FSDP gap.
-# Data: python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k (or any RL parquet)
+# Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k (or any RL parquet)
 # Model: a local copy, e.g. MODEL_PATH=$HOME/models/Qwen3.5-9B. See recipe/dapo/README.md.
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv/bin/python}
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-9B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
@@ -13,7 +16,7 @@ MAX_PROMPT=${MAX_PROMPT:-1024}
 MAX_RESPONSE=${MAX_RESPONSE:-4096}
 OVERLONG=${OVERLONG:-1024}
 
-python3 -m verl.trainer.main_ppo \
+"$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     algorithm.use_kl_in_reward=False \
     algorithm.filter_groups.enable=True \

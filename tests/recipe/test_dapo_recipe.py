@@ -19,11 +19,12 @@ def script_overrides(path: Path) -> tuple[str, list[str]]:
     defaults = dict(re.findall(r"^(\w+)=\$\{\w+:-([^}]*)\}", text, flags=re.M))
     defaults["HOME"] = "/tmp/home"
     defaults["STEPS"] = "5"
-    command = text[text.index("python3 -m verl.trainer.main_ppo"):].replace("\\\n", " ")
+    # From the module on: the interpreter is the script's "$PYTHON" (tests/test_docs_commands.py checks it).
+    command = text[text.index("-m verl.trainer.main_ppo"):].replace("\\\n", " ")
     command = command.split("\n")[0].replace('"$@"', "")
     command = re.sub(r"\$\(\(.*?\)\)", "10240", command)
     command = re.sub(r"\$\{(\w+)(:-[^}]*)?\}|\$(\w+)", lambda m: defaults.get(m.group(1) or m.group(3), "x"), command)
-    args = shlex.split(command)[3:]
+    args = shlex.split(command)[2:]
     name = "ppo_trainer"
     if args[:1] == ["--config-name"]:
         name, args = args[1], args[2:]

@@ -3,7 +3,7 @@
 * No model path: the embedded demo runs with the overrides applied, including seed 003's minimal and
   recommended LoRA commands (a couple of steps each).
 * Data and reward mistakes end in one paragraph naming the file / row / function and what to do, exit 1,
-  no traceback unless VERL_DEBUG=1.
+  no traceback unless VERL_DEBUG=1; a missing data file is a config error found before anything loads.
 """
 
 from __future__ import annotations
@@ -55,9 +55,11 @@ def test_remax_uses_a_greedy_baseline(tmp_path):
 
 
 def test_missing_data_file(tmp_path):
+    # Checked before anything loads (issue 25): a config error naming the key and the path, exit 2.
     missing = tmp_path / "nope" / "train.parquet"
     proc, _ = run_main_ppo(tmp_path, [f"data.train_files={missing}", "trainer.launcher=local"], check=False)
-    _assert_one_paragraph(proc, "Data error:", str(missing), "data.train_files")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"  - `data.train_files`: {missing} does not exist" in proc.stderr.splitlines()
     debug, _ = run_main_ppo(tmp_path / "debug", [f"data.train_files={missing}", "trainer.launcher=local"],
                             check=False, env_extra={"VERL_DEBUG": "1"})
     assert debug.returncode != 0 and "Traceback" in debug.stderr

@@ -173,7 +173,8 @@ def test_project_experiment_logger_and_default_local_dir(run, tmp_path):
             "trainer.total_training_steps=2", "trainer.test_freq=-1"))
     log = tmp_path / "logs" / "proj" / "exp1.jsonl"
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
-    assert (tmp_path / "out" / "reward_curve.png").exists()  # the curve goes next to the checkpoints
+    # The curve goes to this run's directory below the checkpoints (issue 25).
+    assert [p.name for p in (tmp_path / "out" / "runs").glob("*/reward_curve.png")] == ["reward_curve.png"]
     run("trainer.project_name=proj", "trainer.experiment_name=exp2", "trainer.logger=[console]",
         "trainer.val_before_train=false")
     assert not (tmp_path / "logs" / "proj" / "exp2.jsonl").exists()  # no file logger, no file

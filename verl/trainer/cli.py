@@ -121,7 +121,16 @@ def _group_options(config_dir: Path) -> dict[str, list[str]]:
     return groups
 
 
-def help_text(config_dir: Optional[Path] = None) -> str:
+_PPO_ABOUT = (
+    "PPO / GRPO training with verl's config keys. With no actor_rollout_ref.model.path (and no",
+    "--config-name) the embedded demo runs: a tiny Qwen3.5 learning the letter-echo task on one CPU,",
+    "with your overrides applied.",
+)
+
+
+def help_text(config_dir: Optional[Path] = None, module: str = "verl.trainer.main_ppo",
+              about: tuple[str, ...] = _PPO_ABOUT) -> str:
+    """``--help`` of a trainer entry point: usage, what it does (``about``), the configs and config groups."""
     from verl.trainer.config import CONFIG_DIR
 
     dirs = [d for d in (config_dir, CONFIG_DIR) if d is not None]
@@ -130,13 +139,12 @@ def help_text(config_dir: Optional[Path] = None) -> str:
     for d in reversed(dirs):
         if d.is_dir():
             groups.update(_group_options(d))
+    usage = f"usage: python -m {module} "
     lines = [
-        "usage: python -m verl.trainer.main_ppo [--config-path DIR] [--config-name NAME]",
-        "                                       [--cfg job [--resolve] [--package KEY]] [key=value ...]",
+        usage + "[--config-path DIR] [--config-name NAME]",
+        " " * len(usage) + "[--cfg job [--resolve] [--package KEY]] [key=value ...]",
         "",
-        "PPO / GRPO training with verl's config keys. With no actor_rollout_ref.model.path (and no",
-        "--config-name) the embedded demo runs: a tiny Qwen3.5 learning the letter-echo task on one CPU,",
-        "with your overrides applied.",
+        *about,
         "",
         "--config-path DIR   absolute, pkg://package, or relative to verl/trainer/ (as Hydra resolves it)",
         "--config-name NAME  " + ", ".join(configs),

@@ -26,16 +26,24 @@ def load_config(argv: list[str], resolve: bool = True) -> DictConfig:
     return _load(parse_args(argv), resolve=resolve)
 
 
-def _load(args, resolve: bool = True) -> DictConfig:
+def _load(args, resolve: bool = True, check_host: bool = False) -> DictConfig:
+    """Compose and validate; ``check_host`` (a real run) first checks the model path and data files, and
+    lists what is missing there before any batch-size problem (verl/trainer/preflight.py)."""
     from verl.trainer.config.checks import compose_config, validate_config
     from verl.trainer.demo import register_resolver
+    from verl.trainer.preflight import host_problems, validate_in_order
 
     register_resolver()
     cfg = compose_config(args.config_name, args.overrides, config_dir=args.config_dir, validate=False)
     if resolve:
         OmegaConf.resolve(cfg)
-    validate_config(cfg)
+    first = host_problems(cfg, _MODEL_KEYS, ("data.train_files", "data.val_files")) if check_host else []
+    validate_in_order(cfg, first, validate_config)
     return cfg
+
+
+# The checkpoints a run loads (the critic's and the reward model's paths are checked by their loaders).
+_MODEL_KEYS = ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path")
 
 
 def _set_total_steps(cfg: DictConfig, total: int) -> None:
@@ -127,7 +135,7 @@ def run_ppo(cfg: DictConfig) -> dict:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
-    from verl.utils.tracking import Tracking
+    from verl.utils.tracking import Tracking, announce_run_dir, new_run_dir
     from verl.utils.tokenizer import load_tokenizer_and_processor
 
     from transformers import AutoConfig
@@ -163,13 +171,15 @@ def run_ppo(cfg: DictConfig) -> dict:
         wg.init_model()
     trainer = RayPPOTrainer(cfg, tokenizer, groups, train_ds, val_ds, collate_fn, reward_fn, val_reward_fn,
                             processor=processor)
+    run_dir = new_run_dir(cfg.trainer.default_local_dir)
     tracker = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, default_backend=list(cfg.trainer.logger),
-                       config=OmegaConf.to_container(cfg, resolve=True))
+                       config=OmegaConf.to_container(cfg, resolve=True), run_dir=run_dir)
+    announce_run_dir(tracker, "reward_curve.png")
     try:
         result = trainer.fit(tracker)
     finally:
         tracker.finish()
-    curve = plot_reward_curve(result.get("history", []) if isinstance(result, dict) else [], cfg)
+    curve = plot_reward_curve(result.get("history", []) if isinstance(result, dict) else [], cfg, run_dir)
     if curve:
         print(f"Reward curve written to {curve}", flush=True)
     return result
@@ -182,15 +192,14 @@ def _reward_where(cfg: DictConfig) -> str:
     return f"reward manager {cfg.reward.reward_manager.get('name')!r} with the default scorer of the data_source"
 
 
-def plot_reward_curve(history: list[dict], cfg: DictConfig) -> str | None:
-    """PNG of critic/score/mean per step (and validation score where measured) next to the checkpoints."""
+def plot_reward_curve(history: list[dict], cfg: DictConfig, run_dir: str) -> str | None:
+    """PNG of critic/score/mean per step (and validation score where measured) in this run's directory."""
     from verl.utils.plot import plot_history
 
     val_keys = sorted({k for h in history for k in h if k.startswith("val-core/") and k.endswith("/mean@1")})
     series = [("critic/score/mean", "critic/score/mean (train)", "o-")]
     series += [(k, "val-core mean@1 (greedy)" if len(val_keys) == 1 else k, "s--") for k in val_keys]
-    out_dir = os.path.abspath(os.path.expanduser(cfg.trainer.default_local_dir))
-    return plot_history(history, series, os.path.join(out_dir, "reward_curve.png"),
+    return plot_history(history, series, os.path.join(run_dir, "reward_curve.png"),
                         f"{cfg.trainer.project_name} / {cfg.trainer.experiment_name}", "score", "training/global_step")
 
 
@@ -215,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = _load(args, resolve=False)  # a dry run builds nothing (the demo's assets included)
             cli.print_config(cfg, args)
             return 0
-        run_ppo(_load(args))
+        run_ppo(_load(args, check_host=True))
     except Exception as exc:  # noqa: BLE001 - user errors become one paragraph, bugs keep their traceback
         code = cli.report_user_error(exc)
         if code is None:

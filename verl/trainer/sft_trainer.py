@@ -6,6 +6,7 @@ checked like ``main_ppo``'s: an unknown key names the nearest valid one. ``engin
 Megatron engine (and its optimizer group unless ``optim=`` is given); the trainer itself talks to the
 training-engine interface only. When neither ``model.path`` nor ``data.train_files`` is given (e.g. no
 arguments at all), the embedded demo runs (``sft_demo.yaml``) with any other overrides on top.
+``--help`` shows the usage and the config groups, ``--cfg job`` the composed config; neither trains.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def load_config(argv: list[str]) -> tuple[DictConfig, str]:
     return cfg, strategy
 
 
-def compose_sft_config(argv: list[str]) -> tuple[DictConfig, str]:
-    """Compose the config from command-line arguments (every override key checked), resolved, not validated."""
+def compose_sft_config(argv: list[str], resolve: bool = True) -> tuple[DictConfig, str]:
+    """Compose the config from command-line arguments (every override key checked), resolved unless
+    ``resolve`` is false, not validated."""
     from verl.trainer.config.checks import compose_config, split_overrides
     from verl.trainer.demo.sft_task import register_resolver
     from verl.trainer.cli import parse_args
@@ -62,7 +64,8 @@ def compose_sft_config(argv: list[str]) -> tuple[DictConfig, str]:
     if engine_choice and "optim" not in choices:
         overrides = [*overrides, f"optim={engine_choice}"]  # the optimizer section follows the engine
     cfg = compose_config(name, overrides, config_dir=path, validate=False)
-    OmegaConf.resolve(cfg)
+    if resolve:
+        OmegaConf.resolve(cfg)
     return cfg, str(cfg.engine.get("strategy") or engine_choice or "fsdp")
 
 
@@ -116,16 +119,51 @@ def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
     steps = t.get("total_training_steps")
     if steps is not None and (not isinstance(steps, int) or steps <= 0):
         problems.append(f"`trainer.total_training_steps={steps!r}` must be a positive integer or null")
-    if t.device not in ("cuda", "npu", "cpu"):
-        problems.append(f"`trainer.device={t.device!r}`; use cuda, npu or cpu")
-    else:
-        from verl.utils.device import get_device_name
-
-        if t.device != get_device_name():
-            problems.append(f"`trainer.device={t.device}` but this host runs on {get_device_name()}; set "
-                            f"`trainer.device={get_device_name()}`")
+    device = _device_problem(t.device)
+    if device:
+        problems.append(device)
     if problems:
         raise ConfigValidationError(problems)
+
+
+def _device_problem(device) -> Optional[str]:
+    from verl.utils.device import get_device_name
+
+    if device not in ("cuda", "npu", "cpu"):
+        return f"`trainer.device={device!r}`; use cuda, npu or cpu"
+    if device != get_device_name():
+        return (f"`trainer.device={device}` but this host runs on {get_device_name()}; set "
+                f"`trainer.device={get_device_name()}`")
+    return None
+
+
+def _default_device_to_host(cfg: DictConfig, argv: list[str]) -> None:
+    """``trainer.device`` not named on the command line (upstream's default is ``cuda``) follows the host, said
+    in one line; a device the user names is kept, and a wrong one is reported with the paths, before the
+    batch-size checks."""
+    from verl.utils.device import get_device_name
+
+    host = get_device_name()
+    named = any(_override_key(a) == "trainer.device" for a in argv)
+    if not named and cfg.trainer.device != host:
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per torchrun rank
+            print(f"trainer.device={cfg.trainer.device} (from the config) but this host has no {cfg.trainer.device}: "
+                  f"training on {host}; name trainer.device on the command line to choose", file=sys.stderr,
+                  flush=True)
+        cfg.trainer.device = host
+
+
+def _load_for_run(argv: list[str]) -> tuple[DictConfig, str]:
+    """:func:`load_config` for a real run: the device follows the host unless named, and the model directory,
+    data files and device are checked first, each missing one listed before the config's other problems."""
+    from verl.trainer.preflight import host_problems, validate_in_order
+
+    cfg, strategy = compose_sft_config(argv)
+    _default_device_to_host(cfg, argv)
+    first = host_problems(cfg, ("model.path", "model.tokenizer_path"), ("data.train_files", "data.val_files"))
+    device = _device_problem(cfg.trainer.device)
+    validate_in_order(cfg, first + ([device] if device else []), lambda c: validate_sft_config(c, strategy))
+    return cfg, strategy
 
 
 def create_sft_dataset(data_paths, data_config, tokenizer, processor, max_samples: int = -1):
@@ -175,11 +213,12 @@ def _seed(seed: int) -> None:
 
 
 def run_sft(config: DictConfig, strategy: str = "fsdp") -> dict:
-    """Train; returns the trainer's result (``history`` of logged metrics, last ``checkpoint``, ``loss_curve``)."""
+    """Train; returns the trainer's result (``history`` of logged metrics, last ``checkpoint``, ``loss_curve``,
+    ``run_dir``: this run's own folder under ``trainer.default_local_dir/runs/`` with the curve and metric log)."""
     import torch.distributed as dist
 
     from verl.utils.plot import plot_history
-    from verl.utils.tracking import Tracking
+    from verl.utils.tracking import Tracking, announce_run_dir, new_run_dir
 
     _init_distributed()
     _seed(int(config.trainer.seed))
@@ -190,18 +229,21 @@ def run_sft(config: DictConfig, strategy: str = "fsdp") -> dict:
         logger.warning("trainer.nnodes * trainer.n_gpus_per_node = %d but %d processes were launched; training "
                        "on %d", planned, dist.get_world_size(), dist.get_world_size())
     trainer = SFTTrainer(config, strategy)
-    tracker = None
+    tracker = run_dir = None
     if rank == 0:
+        run_dir = new_run_dir(config.trainer.default_local_dir)
         tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name,
-                           default_backend=list(config.trainer.logger), config=OmegaConf.to_container(config))
+                           default_backend=list(config.trainer.logger), config=OmegaConf.to_container(config),
+                           run_dir=run_dir)
+        announce_run_dir(tracker, "loss_curve.png")
     try:
         result = trainer.fit(tracker)
     finally:
         if tracker is not None:
             tracker.finish()
-    result["loss_curve"] = None
+    result["loss_curve"], result["run_dir"] = None, run_dir
     if rank == 0:
-        out = os.path.join(os.path.abspath(os.path.expanduser(config.trainer.default_local_dir)), "loss_curve.png")
+        out = os.path.join(run_dir, "loss_curve.png")
         result["loss_curve"] = plot_history(result["history"], [("train/loss", "train/loss", "o-"),
                                                                 ("val/loss", "val/loss", "s--")],
                                             out, f"{config.trainer.project_name} / {config.trainer.experiment_name}",
@@ -209,6 +251,30 @@ def run_sft(config: DictConfig, strategy: str = "fsdp") -> dict:
         if result["loss_curve"]:
             print(f"Loss curve written to {result['loss_curve']}", flush=True)
     return result
+
+
+_ABOUT = (
+    "Supervised fine-tuning on multi-turn conversations with upstream verl's sft_trainer_engine keys. With",
+    "neither model.path nor data.train_files (and no --config-name) the embedded demo runs: a tiny Qwen3.5",
+    "learning calculator tool calls on this host's device, with your overrides applied. docs/sft.md",
+)
+
+
+def _print_config(argv: list[str], args) -> None:
+    """``--cfg job``: compose and validate, print, run nothing. The demo's assets are not built: their paths
+    show as a placeholder (or as the ``${verl_sft_demo:...}`` interpolation without ``--resolve``)."""
+    from verl.trainer import cli
+    from verl.trainer.demo.sft_task import dry_run
+
+    with dry_run():
+        cfg, strategy = compose_sft_config(argv, resolve=False)
+        resolved = cfg.copy()
+        OmegaConf.resolve(resolved)
+        _default_device_to_host(resolved, argv)
+        validate_sft_config(resolved, strategy)
+        if args.resolve:
+            cfg = resolved
+        cli.print_config(cfg, args)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -223,7 +289,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch.distributed as dist
 
     try:
-        cfg, strategy = load_config(argv)
+        args = cli.parse_args(argv)
+        if args.help:
+            print(cli.help_text(args.config_dir, module="verl.trainer.sft_trainer", about=_ABOUT))
+            return 0
+        if args.cfg:
+            _print_config(argv, args)
+            return 0
+        cfg, strategy = _load_for_run(argv)
         run_sft(cfg, strategy)
         if dist.is_initialized():
             # Every rank leaves together: a rank that tears its gloo group down while another is still in a

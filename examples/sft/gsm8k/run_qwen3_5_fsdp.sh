@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # SFT of Qwen3.5-9B on GSM8K with the FSDP2 engine, one node of 8 GPUs, packed sequences.
-# Data: python examples/data_preprocess/gsm8k_multiturn_sft.py --local_save_dir $HOME/data/gsm8k_sft
+# Data: .venv/bin/python examples/data_preprocess/gsm8k_multiturn_sft.py --local_save_dir $HOME/data/gsm8k_sft
 # Model: a local copy (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-9B
 # LoRA instead of full fine-tuning: add model.lora_rank=64 model.lora_alpha=128 optim.lr=1e-4
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/.venv/bin/python}
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-9B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k_sft}
 NGPUS=${NGPUS:-8}
 
-torchrun --standalone --nnodes=1 --nproc_per_node="$NGPUS" -m verl.trainer.sft_trainer \
+"$PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node="$NGPUS" -m verl.trainer.sft_trainer \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \
     data.messages_key=messages \

@@ -13,9 +13,12 @@
 # (data.pad_mode=no_padding): megatron-core >= 0.18 runs Gated DeltaNet on packed (THD) sequences, which
 # upstream verl could not (it had to set use_remove_padding=False).
 #
-# Data: python examples/data_preprocess/gsm8k_multiturn_sft.py --local_save_dir $HOME/data/gsm8k_sft
-# Needs the mcore extra (pip install -e .[mcore]); see docs/sft.md.
+# Data: .venv/bin/python examples/data_preprocess/gsm8k_multiturn_sft.py --local_save_dir $HOME/data/gsm8k_sft
+# Needs the mcore extra (.venv/bin/pip install -e ".[mcore]"); see docs/sft.md.
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/.venv/bin/python}
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-397B-A17B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k_sft}
@@ -29,7 +32,7 @@ PP=${PP:-4}
 EP=${EP:-32}
 CP=${CP:-1}
 
-torchrun --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$GPUS_PER_NODE" \
+"$PYTHON" -m torch.distributed.run --nnodes="$NNODES" --node_rank="$NODE_RANK" --nproc_per_node="$GPUS_PER_NODE" \
     --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" \
     -m verl.trainer.sft_trainer \
     engine=megatron \

@@ -4,18 +4,21 @@
 # context. Each row's tool schemas go to the chat template; enable_thinking is read per row.
 #
 # Data: your own conversations as OpenAI-style messages or ShareGPT jsonl:
-#   python examples/data_preprocess/multiturn_sft.py --input chats.jsonl --format openai \
+#   .venv/bin/python examples/data_preprocess/multiturn_sft.py --input chats.jsonl --format openai \
 #       --test_fraction 0.02 --local_save_dir $HOME/data/multiturn_sft
 # or the synthetic calculator task the CPU demo uses:
-#   python examples/data_preprocess/multiturn_sft.py --format demo --num_rows 4096 --test_fraction 0.05 \
+#   .venv/bin/python examples/data_preprocess/multiturn_sft.py --format demo --num_rows 4096 --test_fraction 0.05 \
 #       --local_save_dir $HOME/data/multiturn_sft
 set -xeuo pipefail
+
+# The project's interpreter: the .venv that `bash scripts/setup.sh` creates (PYTHON=... picks another).
+PYTHON=${PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/.venv/bin/python}
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen3.5-9B}
 DATA_DIR=${DATA_DIR:-$HOME/data/multiturn_sft}
 NGPUS=${NGPUS:-8}
 
-torchrun --standalone --nnodes=1 --nproc_per_node="$NGPUS" -m verl.trainer.sft_trainer \
+"$PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node="$NGPUS" -m verl.trainer.sft_trainer \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \
     data.messages_key=messages \

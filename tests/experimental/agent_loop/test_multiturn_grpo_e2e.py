@@ -270,11 +270,12 @@ def test_example_script_overrides_compose():
     from verl.trainer.config.checks import compose_config
 
     script = (REPO / "examples" / "grpo_trainer" / "run_qwen3_5-9b_multiturn_calculator.sh").read_text()
-    command = script[script.index("python3 -m verl.trainer.main_ppo"):].replace("\\\n", " ").replace('"$@"', "")
+    # From the module on: the interpreter is the script's "$PYTHON" (tests/test_docs_commands.py checks it).
+    command = script[script.index("-m verl.trainer.main_ppo"):].replace("\\\n", " ").replace('"$@"', "")
     for var, value in {"$DATA_DIR": "/data", "$MODEL_PATH": "/model", "$TOOL_CONFIG": str(TOOL_CONFIG),
                        "$NGPUS": "8"}.items():
         command = command.replace(var, value)
-    overrides = shlex.split(command)[3:]
+    overrides = shlex.split(command)[2:]
     cfg = compose_config("ppo_trainer", overrides, validate=True)
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     assert mt.enable and mt.format == "qwen3_coder" and mt.tool_config_path == str(TOOL_CONFIG)

@@ -54,7 +54,9 @@ def test_embedded_default_learns(tmp_path):
         assert key in records[0]["data"]
     val = [r["data"]["val/loss"] for r in records if "val/loss" in r["data"]]
     assert len(val) == 2 and val[1] < val[0]
-    assert (tmp_path / "outputs" / "verl_sft_demo" / "calculator_calls" / "loss_curve.png").stat().st_size > 0
+    (run_dir,) = (tmp_path / "outputs" / "verl_sft_demo" / "calculator_calls" / "runs").iterdir()
+    assert (run_dir / "loss_curve.png").stat().st_size > 0  # in the run's own directory (issue 25)
+    assert "step 1 | loss " in proc.stdout and "train/grad_norm" not in proc.stdout  # the short console line
 
 
 def test_resume_is_exact(tmp_path):
@@ -72,4 +74,8 @@ def test_resume_is_exact(tmp_path):
         assert [h[key] for h in b] == [h[key] for h in a], key
     assert b[-1]["val/loss"] == a[-1]["val/loss"]
     assert sorted(os.listdir(tmp_path / "b" / "ckpt")) == ["global_step_2", "global_step_4",
-                                                           "latest_checkpointed_iteration.txt", "loss_curve.png"]
+                                                           "latest_checkpointed_iteration.txt", "runs"]
+    # Each of the two runs has its own directory and curve: the resumed run did not replace the first's.
+    runs = sorted((tmp_path / "b" / "ckpt" / "runs").iterdir())
+    assert [r.name for r in runs] == sorted([Path(first["run_dir"]).name, Path(resumed["run_dir"]).name])
+    assert all((r / "loss_curve.png").exists() for r in runs)

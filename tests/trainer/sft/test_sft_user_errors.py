@@ -19,18 +19,20 @@ def _one_paragraph(stderr: str, head: str) -> str:
 
 
 def test_missing_data_file_is_one_paragraph(tmp_path):
-    """The audit's command: it used to end in a `[rank0]` traceback whose message said "RLHFDataset"."""
+    """The audit's command: it used to end in a `[rank0]` traceback whose message said "RLHFDataset". The
+    file is now checked before anything loads (issue 25): a config error naming the key and the path."""
     missing = tmp_path / "missing.parquet"
     cmd = [sys.executable, "-m", "verl.trainer.sft_trainer", "--config-name", "sft_demo",
            f"data.train_files={missing}", f"trainer.default_local_dir={tmp_path}/out"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    line = _one_paragraph(proc.stderr, "Data error:")
-    assert str(missing) in line and "data.train_files" in line and "RLHFDataset" not in line
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "RLHFDataset" not in proc.stderr
+    assert "Config error:\n1 problem(s)" in proc.stderr, proc.stderr[-3000:]
+    assert f"`data.train_files`: {missing} does not exist" in proc.stderr
     debug = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path, VERL_DEBUG="1"), capture_output=True, text=True,
                            timeout=300)
-    # VERL_DEBUG=1 asks for the traceback, which keeps the original FileNotFoundError as the cause.
-    assert debug.returncode != 0 and "Traceback" in debug.stderr and "FileNotFoundError" in debug.stderr
+    # VERL_DEBUG=1 asks for the traceback.
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "ConfigValidationError" in debug.stderr
 
 
 def _main_in_process(argv):
@@ -70,9 +72,12 @@ def test_bad_model_path_names_sfts_key(tmp_path, capsys):
     # Naming a model switches to upstream's defaults (cuda, no data), so the device and data are given too.
     code = _main_in_process([f"model.path={tmp_path}/no_model", "trainer.logger=[console]", "trainer.device=cpu",
                              f"data.train_files={tmp_path}/train.parquet", f"trainer.default_local_dir={tmp_path}"])
-    line = _one_paragraph(capsys.readouterr().err, "Model error:")
-    # SFT's key, not the RL one the shared tokenizer loader would name.
-    assert code == 1 and line.startswith("Model error: model.path=") and "actor_rollout_ref" not in line, line
+    err = capsys.readouterr().err
+    # Checked before loading (issue 25), under SFT's key, not the RL one the shared tokenizer loader would name.
+    assert code == 2 and "Traceback" not in err, err
+    problems = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert problems[0].startswith(f"  - `model.path={tmp_path}/no_model`: no such directory"), err
+    assert "actor_rollout_ref" not in err, err
 
 
 def test_token_budget_error_names_the_sft_key(tmp_path):

@@ -12,6 +12,7 @@ the built assets (``${verl_sft_demo:device}`` to this host's device) (under ``$V
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 
@@ -64,11 +65,27 @@ def ensure_sft_assets() -> dict[str, str]:
     return {"model": ensure_assets()["model"], "train": str(data / "train.parquet"), "val": str(data / "val.parquet")}
 
 
+_DRY_RUN = False  # set by dry_run(): `--cfg job` shows the config without building the assets
+
+
+@contextlib.contextmanager
+def dry_run():
+    """Within: the demo's asset paths resolve to a placeholder instead of being built (a dry run builds nothing)."""
+    global _DRY_RUN
+    before, _DRY_RUN = _DRY_RUN, True
+    try:
+        yield
+    finally:
+        _DRY_RUN = before
+
+
 def _resolve(name: str) -> str:
     if name == "device":  # the demo runs on whatever this host has
         from verl.utils.device import get_device_name
 
         return get_device_name()
+    if _DRY_RUN:
+        return f"<demo {name}: built into $VERL_DEMO_DIR on the first run>"
     assets = ensure_sft_assets()
     if name not in assets:
         raise ValueError(f"${{verl_sft_demo:{name}}} is not an SFT demo asset; use one of {sorted(assets)}")
