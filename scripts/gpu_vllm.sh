@@ -37,7 +37,7 @@ run_part() {
     echo "################ [$name] exit ${RC[$name]} after ${SECS[$name]}s"
 }
 
-# file:seconds (each file in its own pytest process; the limits fit one 10-minute device call on a warm cache)
+# file:time limit in seconds (each file in its own pytest process; together under one device call)
 TESTS=(test_vllm_cuda_gpu:200 test_vllm_sync_matches_fresh:110 test_vllm_rollout_lora:70 test_vllm_rollout_engine:80
        test_vllm_sleep_cycle:40 test_vllm_custom_loader:40)
 
