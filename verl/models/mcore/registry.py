@@ -103,7 +103,7 @@ def get_supported_model(hf_config) -> ModelKey:
     )
 
 
-def _get(reg: Registry, hf_config) -> Any:
+def _lookup(reg: Registry, hf_config) -> Any:
     key = get_supported_model(hf_config)
     obj = reg.get_or_raise(key)
     return obj
@@ -111,7 +111,7 @@ def _get(reg: Registry, hf_config) -> Any:
 
 def transformer_config_kwargs(hf_config, dtype=None, **override_transformer_config) -> dict:
     """TransformerConfig kwargs (pure: no megatron import)."""
-    return _get(MODEL_CONFIG_CONVERTER_REGISTRY, hf_config)(hf_config, dtype, **override_transformer_config)
+    return _lookup(MODEL_CONFIG_CONVERTER_REGISTRY, hf_config)(hf_config, dtype, **override_transformer_config)
 
 
 def hf_to_mcore_config(hf_config, dtype=None, **override_transformer_config):
@@ -119,7 +119,7 @@ def hf_to_mcore_config(hf_config, dtype=None, **override_transformer_config):
 
     A registered converter returns TransformerConfig kwargs (pure, testable without megatron) or, as upstream
     verl's converters do, a ready TransformerConfig."""
-    out = _get(MODEL_CONFIG_CONVERTER_REGISTRY, hf_config)(hf_config, dtype, **override_transformer_config)
+    out = _lookup(MODEL_CONFIG_CONVERTER_REGISTRY, hf_config)(hf_config, dtype, **override_transformer_config)
     return build_transformer_config(out) if isinstance(out, dict) else out
 
 
@@ -131,7 +131,7 @@ def init_mcore_model(tfconfig, hf_config, pre_process: bool = True, post_process
     from verl.models.mcore import require_megatron
 
     require_megatron()
-    build = _get(MODEL_INITIALIZER_REGISTRY, hf_config)
+    build = _lookup(MODEL_INITIALIZER_REGISTRY, hf_config)
     _report_kernels(hf_config)
     return build(tfconfig, hf_config, pre_process=pre_process, post_process=post_process,
                  share_embeddings_and_output_weights=share_embeddings_and_output_weights, value=value,
@@ -152,8 +152,8 @@ def _report_kernels(hf_config) -> None:
 
 
 def get_mcore_forward_fn(hf_config) -> Callable:
-    return _get(MODEL_FORWARD_REGISTRY, hf_config)
+    return _lookup(MODEL_FORWARD_REGISTRY, hf_config)
 
 
 def get_mcore_weight_converter(hf_config):
-    return _get(MODEL_WEIGHT_CONVERTER_REGISTRY, hf_config)
+    return _lookup(MODEL_WEIGHT_CONVERTER_REGISTRY, hf_config)

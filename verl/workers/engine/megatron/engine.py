@@ -24,19 +24,13 @@ from verl.workers.engine.base import BaseEngine, LossFn, accumulate_metrics
 from . import build
 from .packing import next_token_labels, pack_thd, unpack_thd
 from .settings import MegatronSettings, read_settings, require_mcore
+from verl.utils.config import cfg_get
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MegatronEngine"]
 
 _INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
-
-
-def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
 
 
 class MegatronEngine(BaseEngine):
@@ -47,10 +41,10 @@ class MegatronEngine(BaseEngine):
                  checkpoint_config: Any = None, role: str = "actor", **kwargs):
         require_mcore()
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config, role)
-        if _cfg_get(model_config, "lora_rank", 0) or _cfg_get(model_config, "lora_adapter_path", None):
+        if cfg_get(model_config, "lora_rank", 0) or cfg_get(model_config, "lora_adapter_path", None):
             raise ValueError("LoRA is not supported on the Megatron engine (actor_rollout_ref.model.lora_rank > 0 "
                              "with strategy=megatron); use strategy=fsdp2 for LoRA, or lora_rank=0")
-        model_rp = _cfg_get(model_config, "use_remove_padding", None)
+        model_rp = cfg_get(model_config, "use_remove_padding", None)
         if model_rp is False:
             logger.warning("model.use_remove_padding is the deprecated alias of the engine's "
                            "megatron.use_remove_padding; packing is off for this engine")
@@ -93,11 +87,11 @@ class MegatronEngine(BaseEngine):
         build.init_parallel_state(s)
         import_external_lib(self.model_config)  # custom models register themselves before the config is read
         path = self.model_path  # a local directory, hub ids fetched into the HF cache
-        trust = bool(_cfg_get(self.model_config, "trust_remote_code", False))
+        trust = bool(cfg_get(self.model_config, "trust_remote_code", False))
         self.hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
         # model.override_config edits the HF config the mcore config and the weight mapping are derived from,
         # exactly as on FSDP (one helper for both engines).
-        apply_config_overrides(self.hf_config, _cfg_get(self.model_config, "override_config", None))
+        apply_config_overrides(self.hf_config, cfg_get(self.model_config, "override_config", None))
         overrides = dict(s.override_transformer_config)
         for key, value in list(overrides.items()):
             if value is None:  # null = megatron-core's default (upstream's yaml lists the recompute keys so)
