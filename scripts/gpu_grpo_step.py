@@ -52,7 +52,8 @@ def build_checkpoint(path: Path, tiny: bool, device: str) -> dict:
     import torch
     import transformers as tf
 
-    from verl.models.tiny import build_tiny_tokenizer, tiny_text_config_kwargs
+    from verl.models.tiny import build_tiny_tokenizer
+    from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
 
     kw = tiny_text_config_kwargs(**(SHAPE_TINY if tiny else SHAPE_0P8B))
     cfg = tf.Qwen3_5TextConfig(**kw)

@@ -16,7 +16,7 @@ CPU_ENGINE_SHAPES = dict(hidden_size=128, head_dim=32, linear_key_head_dim=128, 
 def build_engine_checkpoint(path: str | Path, kind: str = "dense", seed: int = 0, **overrides):
     """Save a tiny Qwen3.5 (bf16, tokenizer alongside) and return the fp32 HF model of the same weights.
     ``overrides`` go to the text config (e.g. ``tie_word_embeddings=False``)."""
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     model = build_tiny_qwen3_5(path, kind=kind, seed=seed, dtype=torch.bfloat16, **{**CPU_ENGINE_SHAPES, **overrides})
     if kind.startswith("vl"):

@@ -54,10 +54,12 @@ ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 LORA_INT_ID = 1
 
-# The per-architecture lists live in the model spec (verl/models/registry.py); Qwen3.5's are re-exported here.
-from verl.models.registry import QWEN35_ALL_LINEAR  # noqa: E402
-from verl.models.registry import QWEN35_FUSED_EXPERT_PARAMS as FUSED_EXPERT_PARAMS  # noqa: E402
 from verl.utils.config import cfg_get, to_plain  # noqa: E402
+
+# The per-architecture lists live in the model spec (``ModelSpec.lora_all_linear`` / ``lora_fused_expert_params``,
+# e.g. verl/models/qwen3_5/spec.py). A model whose spec names no fused expert tensors is looked up under
+# transformers 5's own fused-experts names.
+FUSED_EXPERT_PARAMS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 # Spellings of target_parameters that mean "both fused expert tensors".
 EXPERT_ALIASES = ("all-experts", "experts")
 
@@ -463,7 +465,6 @@ __all__ = [
     "ADAPTER_DIR_NAME",
     "FUSED_EXPERT_DROPOUT_ERROR",
     "FUSED_EXPERT_PARAMS",
-    "QWEN35_ALL_LINEAR",
     "adapter_state_dict",
     "apply_lora",
     "build_lora_config",
@@ -479,3 +480,13 @@ __all__ = [
     "rollout_sync",
     "save_lora_adapter",
 ]
+
+
+def _register_checkpoint_io() -> None:
+    # The FSDP checkpoint manager (verl.utils, which may not import workers) saves PEFT models through these.
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import AdapterIO, register_adapter_io
+
+    register_adapter_io(AdapterIO(ADAPTER_DIR_NAME, save_lora_adapter, iter_merged_weights))
+
+
+_register_checkpoint_io()

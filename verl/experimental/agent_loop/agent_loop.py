@@ -20,7 +20,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from verl.models.rope_index import compute_position_ids, rope_indexer_from_config
+from verl.utils.rope_index import compute_position_ids, rope_indexer_from_config
 from verl.utils.chat_template import apply_chat_template
 from verl.utils.registry import Registry
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, GenerationRequest, SamplingParams

@@ -215,7 +215,7 @@ class RLHFDataset(Dataset):
                                    "get text position ids", path, err)
         if model_config is None:
             return
-        from verl.models.rope_index import rope_indexer_from_config
+        from verl.utils.rope_index import rope_indexer_from_config
 
         self.rope_indexer = rope_indexer_from_config(model_config)
         self._model_config = model_config if self.rope_indexer is not None else None  # rebuilt after unpickling
@@ -227,7 +227,7 @@ class RLHFDataset(Dataset):
         """``(L,)`` text positions, or ``(4, L)`` for mRoPE models (shared with the agent loop's helper)."""
         if self.rope_indexer is None:
             return torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0).long()
-        from verl.models.rope_index import compute_position_ids
+        from verl.utils.rope_index import compute_position_ids
 
         pos = compute_position_ids(input_ids.unsqueeze(0), attention_mask.unsqueeze(0), mm_inputs,
                                    self.rope_indexer, self.image_token_id, self.video_token_id)
@@ -306,7 +306,7 @@ class RLHFDataset(Dataset):
     def __setstate__(self, state):
         self.__dict__.update(state)
         if self.__dict__.get("_model_config") is not None:
-            from verl.models.rope_index import rope_indexer_from_config
+            from verl.utils.rope_index import rope_indexer_from_config
 
             self.rope_indexer = rope_indexer_from_config(self._model_config)
 

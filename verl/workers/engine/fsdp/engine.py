@@ -28,7 +28,6 @@ from verl.utils.config import cfg_get
 
 logger = logging.getLogger(__name__)
 
-_TRAINABLE_ROLES = ("actor", "critic", "sft")
 _alias_warned = False
 _sp_groups: dict[tuple[int, int], Any] = {}
 
@@ -117,7 +116,9 @@ class FSDPEngine(BaseEngine):
         self.cpu_offload_policy = uses_cpu_offload_policy(engine_config)
         # Under the CPU offload policy the optimizer state already lives (and steps) in host memory.
         self.offload_optimizer = bool(cfg_get(engine_config, "optimizer_offload", False)) and not self.cpu_offload_policy
-        self.activation_offload = bool(cfg_get(model_config, "enable_activation_offload", False)) and role != "ref"
+        # Offloading activations only pays where there is a backward pass.
+        self.activation_offload = (bool(cfg_get(model_config, "enable_activation_offload", False))
+                                   and self.role_spec.trainable)
 
     # ------------------------------------------------------------------------------------ life cycle
     def initialize(self) -> None:
@@ -128,7 +129,7 @@ class FSDPEngine(BaseEngine):
             self.is_lora = False
             self._disable_adapter = other.is_lora
         else:
-            trainable = self.role in _TRAINABLE_ROLES
+            trainable = self.role_spec.trainable
             use_fused = cfg_get(self.role_config, "use_fused_kernels", None)
             self.built = build_module(
                 self.model_config, self.engine_config, role=self.role, ulysses_sp_size=self.sp_size,
@@ -229,7 +230,7 @@ class FSDPEngine(BaseEngine):
         global_info = self._global_batch_info(data) if loss_fn is not None else None
         micro, order = split_micro_batches(data, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)),
                                            meta.get("max_token_len"), self.sp_size, self.device,
-                                           with_mm=self.role != "critic", budget_key=meta.get("max_token_len_key"))
+                                           with_mm=self.role_spec.multimodal, budget_key=meta.get("max_token_len_key"))
         collected: dict[str, list[torch.Tensor]] = {k: [] for k in outputs}
         per_micro: list[dict] = []
         with ulysses_group(self.sp_group), self._adapter_context():
@@ -272,7 +273,7 @@ class FSDPEngine(BaseEngine):
             packed = pack_micro_batch(mb, sp_size=self.sp_size)
             out = self._module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                                use_cache=False, **mm_inputs, **self._fused_kwargs(temperature))
-            if self.role == "critic":
+            if self.role_spec.value_head:
                 return {"values": unpack_to_padded(out, packed)}
             stats = self._token_stats(out, packed.labels, temperature, want_entropy)
             return {k: unpack_to_padded(v, packed) for k, v in stats.items()}
@@ -281,7 +282,7 @@ class FSDPEngine(BaseEngine):
             position_ids = position_ids.transpose(0, 1)
         out = self._module(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=position_ids,
                            use_cache=False, **mm_inputs, **self._fused_kwargs(temperature))
-        if self.role == "critic":
+        if self.role_spec.value_head:
             return {"values": out}
         labels = torch.roll(mb["input_ids"], shifts=-1, dims=-1)
         return self._token_stats(out, labels, temperature, want_entropy)

@@ -48,11 +48,10 @@ class MegatronEngine(BaseEngine):
         if model_rp is False:
             logger.warning("model.use_remove_padding is the deprecated alias of the engine's "
                            "megatron.use_remove_padding; packing is off for this engine")
-        prefix = {"ref": "actor_rollout_ref.ref.megatron", "critic": "critic.megatron"}.get(
-            role, "actor_rollout_ref.actor.megatron")
+        prefix = f"{self.role_spec.section}.megatron"
         self._prefix = prefix
         self.settings: MegatronSettings = read_settings(engine_config, model_rp, prefix=prefix)
-        self.forward_only = self.settings.forward_only or role == "ref"
+        self.forward_only = self.settings.forward_only or not self.role_spec.trainable
         self.model: list[torch.nn.Module] = []
         self.optimizer = None
         self.lr_scheduler = None
@@ -73,7 +72,7 @@ class MegatronEngine(BaseEngine):
 
     @property
     def _model_section(self) -> str:
-        return "critic.model" if self.role == "critic" else "actor_rollout_ref.model"
+        return self.role_spec.model_section
 
     # ------------------------------------------------------------------ life cycle
     def initialize(self) -> None:
@@ -122,7 +121,7 @@ class MegatronEngine(BaseEngine):
         tie = None  # follow the checkpoint's tie_word_embeddings (its text config for VL checkpoints)
         self.forward_fn = registry.get_mcore_forward_fn(self.hf_config)
         self.converter = registry.get_mcore_weight_converter(self.hf_config)
-        is_value = self.role == "critic"
+        is_value = self.role_spec.value_head
         chunks = build.build_model_chunks(self.tfconfig, self.hf_config, registry.init_mcore_model, s, tie,
                                           value=is_value)
         from .weights import load_initial_weights, seed_master_weights
@@ -274,7 +273,7 @@ class MegatronEngine(BaseEngine):
         global_info = None if loss_fn is None else self._global_batch_info(data)
         n_micro = len(micro)
         want = set(outputs)
-        if loss_fn is not None and self.role != "critic":
+        if loss_fn is not None and not self.role_spec.value_head:
             want.add("log_probs")
         collected: list[tuple[int, dict]] = []
         metrics: list[dict] = []
@@ -318,12 +317,12 @@ class MegatronEngine(BaseEngine):
         model its values; other stages return hidden states for the next one."""
         s = self.settings
         kw = {}
-        if self.role != "critic":
+        if not self.role_spec.value_head:  # the LM head computes log-probs (and entropy) from the labels
             kw = dict(temperature=temperature, calculate_entropy="entropy" in want, chunk_size=s.entropy_chunk_size)
         if s.use_remove_padding:
             align = s.tp if s.sequence_parallel else 1
             packed = pack_thd(mb["input_ids"], mb["attention_mask"], mb["position_ids"], align=align)
-            if self.role != "critic":
+            if not self.role_spec.value_head:
                 kw["labels"] = packed.labels
             output = self.forward_fn(model, packed.input_ids, packed.position_ids,
                                      packed_seq_params=packed.packed_seq_params(), **kw)
@@ -331,7 +330,7 @@ class MegatronEngine(BaseEngine):
         position_ids = mb["position_ids"]
         if position_ids.dim() == 3:  # (B, C, L) mRoPE -> (C, B, L)
             position_ids = position_ids.transpose(0, 1)
-        if self.role != "critic":
+        if not self.role_spec.value_head:
             kw["labels"] = next_token_labels(mb["input_ids"], mb["attention_mask"])
         output = self.forward_fn(model, mb["input_ids"], position_ids, packed_seq_params=None,
                                  attention_mask=mb["attention_mask"], **kw)
@@ -339,7 +338,7 @@ class MegatronEngine(BaseEngine):
 
     def _token_outputs(self, output, packed) -> dict:
         """Last-stage output of one micro-batch -> {name: (B, L) next-token-aligned float tensor}."""
-        if self.role == "critic":
+        if self.role_spec.value_head:
             output = {"values": output}
         out = {}
         for name, value in output.items():
