@@ -158,8 +158,12 @@ class SFTTrainer:
         if self.rank == 0:
             # The marker moves only once every rank's part is on disk.
             ckpt_dirs.mark_latest(root, state["global_step"])
-            ckpt_dirs.prune_steps(root, self.config.trainer.get("max_ckpt_to_keep"))
+            self._prune(root)
         return path
+
+    def _prune(self, root: str) -> None:
+        # SFT's key is trainer.max_ckpt_to_keep (PPO's: max_actor_ckpt_to_keep); the rule is the shared one.
+        ckpt_dirs.prune_steps(root, self.config.trainer.get("max_ckpt_to_keep"))
 
     # ------------------------------------------------------------------ steps
     def _all_sum(self, *values: float) -> list[float]:
