@@ -144,7 +144,9 @@ class ActorRolloutRefWorker(Worker):
 
         rcfg = self.config.rollout
         cls = get_rollout_class(rcfg.name)
-        shares_module = cls.generates_with_training_module
+        # A registered rollout may be a factory function or a duck-typed class: only those that say so share the
+        # actor's module (BaseRollout.generates_with_training_module).
+        shares_module = bool(getattr(cls, "generates_with_training_module", False))
         module = self.actor_engine.hf_rollout_module() if shares_module else self.actor_engine.module
         self.rollout = cls(config=rcfg, model_config=self.config.model, tokenizer=self.tokenizer,
                            module=module if shares_module else None, processor=self.processor)
@@ -168,7 +170,7 @@ class ActorRolloutRefWorker(Worker):
     def _sync_rollout_weights(self):
         """Weights from the actor engine's parameter generator (adapter-only for LoRA where the rollout can
         apply it) into the rollout engine."""
-        if self.rollout.generates_with_training_module:
+        if getattr(self.rollout, "generates_with_training_module", False):
             self.actor_engine.sync_hf_rollout_module()  # no-op where hf generates with the training module
             return
         bucket = int(self.config.rollout.get("checkpoint_engine", {}).get("update_weights_bucket_megabytes", 512))
