@@ -74,7 +74,7 @@ SHAPE_SMOKE = dict(num_hidden_layers=4, vocab_size=4096)
 def build_model(shape: dict, device: torch.device, dtype: torch.dtype):
     import transformers as tf
 
-    from verl.models.tiny import tiny_text_config_kwargs
+    from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
 
     cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**shape))
     cfg.architectures = ["Qwen3_5ForCausalLM"]

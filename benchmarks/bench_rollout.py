@@ -58,7 +58,7 @@ def sync(device):
 def build_model(shape, device, dtype):
     import transformers as tf
 
-    from verl.models.tiny import tiny_text_config_kwargs
+    from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
 
     cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**shape))
     cfg.architectures = ["Qwen3_5ForCausalLM"]
@@ -160,7 +160,7 @@ def mix_workload(args, vocab):
 def length_mix(model, args, device, vocab) -> list[dict]:
     from verl.workers.rollout.hf_engine.engine import DecodeEngine, SeqRequest
     from verl.workers.rollout.hf_engine.entry import engine_options, unsharded
-    from verl.workers.rollout.hf_engine.qwen3_5_runner import PrefillSeq, Qwen35Runner
+    from verl.models.qwen3_5.hf_runner import PrefillSeq, Qwen35Runner
     from verl.workers.rollout.hf_engine.sampling import SamplerConfig, sequence_key
 
     prompts, n, resp = mix_workload(args, vocab)

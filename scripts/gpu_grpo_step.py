@@ -55,7 +55,8 @@ def build_checkpoint(path: Path, tiny: bool, device: str, shape: str | None = No
     import torch
     import transformers as tf
 
-    from verl.models.tiny import build_tiny_tokenizer, tiny_text_config_kwargs
+    from verl.models.tiny import build_tiny_tokenizer
+    from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
 
     kw = tiny_text_config_kwargs(**SHAPES[shape or ("tiny" if tiny else "0p8b")])
     cfg = tf.Qwen3_5TextConfig(**kw)

@@ -125,7 +125,7 @@ def _assets(work: Path, kind: str) -> tuple[Path, Path]:
     sys.path.insert(0, str(REPO / "scripts"))
     from gpu_grpo_step import build_data
 
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     model_dir = work / f"tiny_{kind}"
     if not (model_dir / "config.json").exists():

@@ -73,7 +73,7 @@ for m in ('transformers', 'triton', 'fla', 'tilelang', 'flash_attn', 'omegaconf'
         print(m, getattr(mod, '__version__', '?'))
     except Exception as e:
         print(m, 'NOT importable:', type(e).__name__, str(e)[:200])
-from verl.models.transformers import gated_deltanet as g
+from verl.models.qwen3_5 import gated_deltanet as g
 print('verl GDN uses fla on cuda:', torch.cuda.is_available() and g.use_fla(torch.device('cuda')))
 EOF"
         ;;

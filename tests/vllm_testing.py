@@ -26,7 +26,7 @@ def engine_shapes() -> dict:
 def build_engine_checkpoint(path: str | Path, kind: str = "dense", seed: int = 0, **overrides):
     """Save a tiny Qwen3.5 (bf16, tokenizer alongside) and return the fp32 HF model of the same weights.
     ``overrides`` go to the text config (e.g. ``tie_word_embeddings=False``)."""
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     shapes = {**engine_shapes(), **overrides}
     model = build_tiny_qwen3_5(path, kind=kind, seed=seed, dtype=torch.bfloat16, **shapes)

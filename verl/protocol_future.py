@@ -2,8 +2,9 @@
 and ``BatchData`` (chunk / concat by type, for dispatch code).
 
 Split from ``verl/protocol.py`` (which re-exports both names) along the line between the batch container and
-the transport around it. ``DataProto`` is imported where it is used: ``verl.protocol`` imports this module at
-its end, so a top-level import here would be circular.
+the transport around it. ``verl.protocol`` imports this module to re-export its names, so this module never
+imports ``verl.protocol``: it knows a ``DataProto`` by its class (:func:`_is_dataproto`) and concatenates
+through the class's own ``concat``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,18 @@ from verl.utils import tensordict_utils as tu
 __all__ = ["BatchData", "DataProtoFuture"]
 
 
-def _dataproto():
-    from verl.protocol import DataProto
+def _is_dataproto(obj) -> bool:
+    return any(c.__name__ == "DataProto" and c.__module__ == "verl.protocol" for c in type(obj).__mro__)
 
-    return DataProto
+
+def _concat_outputs(outputs: list):
+    """DataProto outputs via ``DataProto.concat``, TensorDicts via tensordict_utils; nothing else."""
+    if outputs and all(_is_dataproto(o) for o in outputs):
+        return type(outputs[0]).concat(outputs)
+    if outputs and all(isinstance(o, TensorDict) for o in outputs):
+        return tu.concat_tensordict(outputs)
+    kinds = [type(o).__name__ for o in outputs]
+    raise TypeError(f"DataProtoFuture expects DataProto or TensorDict results, got {kinds}")
 
 
 @dataclass
@@ -37,7 +46,7 @@ class DataProtoFuture:
 
     @staticmethod
     def concat(data: list) -> "DataProtoFuture":
-        return DataProtoFuture(collect_fn=_dataproto().concat, futures=data)
+        return DataProtoFuture(collect_fn=_concat_outputs, futures=data)
 
     def chunk(self, chunks: int) -> list["DataProtoFuture"]:
         from functools import partial
@@ -50,15 +59,7 @@ class DataProtoFuture:
     def get(self):
         import ray
 
-        outputs = ray.get(self.futures)
-        data_proto = _dataproto()
-        if all(isinstance(o, data_proto) for o in outputs):
-            merged = data_proto.concat(outputs)
-        elif all(isinstance(o, TensorDict) for o in outputs):
-            merged = tu.concat_tensordict(outputs)
-        else:
-            kinds = [type(o).__name__ for o in outputs]
-            raise TypeError(f"DataProtoFuture expects DataProto or TensorDict results, got {kinds}")
+        merged = _concat_outputs(ray.get(self.futures))
         return self.dispatch_fn(merged) if self.dispatch_fn is not None else merged
 
 
@@ -79,13 +80,13 @@ class BatchData:
         self._data = data
 
     def is_chunkable(self) -> bool:
-        return isinstance(self._data, _dataproto() | DataProtoFuture | TensorDict)
+        return _is_dataproto(self._data) or isinstance(self._data, DataProtoFuture | TensorDict)
 
     def is_concatable(self) -> bool:
         data = self._data
         if not isinstance(data, list | tuple) or not data:
             return False
-        return isinstance(data[0], _dataproto() | TensorDict) or _is_object_ref(data[0])
+        return _is_dataproto(data[0]) or isinstance(data[0], TensorDict) or _is_object_ref(data[0])
 
     def chunk(self, chunks: int):
         if isinstance(self._data, TensorDict):

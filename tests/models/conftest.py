@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from verl.models.tiny import build_tiny_qwen3_5
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
 
 @pytest.fixture(autouse=True)

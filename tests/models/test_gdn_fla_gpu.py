@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from qwen35_test_utils import packed_positions, patched_copy, random_ids, token_log_probs
-from verl.models.transformers import gated_deltanet as gdn
+from verl.models.qwen3_5 import gated_deltanet as gdn
 
 pytestmark = pytest.mark.gpu
 

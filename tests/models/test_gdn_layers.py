@@ -5,14 +5,14 @@ import torch
 import torch.nn.functional as F
 
 from qwen35_test_utils import patched_copy
-from verl.models.transformers.gated_deltanet import (
+from verl.models.qwen3_5.gated_deltanet import (
     chunked_gated_delta_rule,
     gated_delta_rule,
     l2_normalize,
     recurrent_gated_delta_rule,
     torch_causal_conv1d,
 )
-from verl.models.transformers.qwen3_5 import PackedSeqInfo, cu_seqlens_from_starts
+from verl.models.transformers.packed_attention import PackedSeqInfo, cu_seqlens_from_starts
 
 LENGTHS = [3, 9, 1, 20]
 

@@ -12,7 +12,8 @@ import torch
 
 from verl.models import kernels
 from verl.models.registry import SUPPORTED_ARCHITECTURES, get_model_spec
-from verl.models.transformers import gated_deltanet, packed_attention
+from verl.models.qwen3_5 import gated_deltanet
+from verl.models.transformers import packed_attention
 
 QWEN = SUPPORTED_ARCHITECTURES["Qwen3_5ForCausalLM"]
 
@@ -139,7 +140,7 @@ def test_engine_reports_kernels_at_build(monkeypatch, tmp_path):
     from omegaconf import OmegaConf
 
     from tests.engine_utils import single_rank_gloo
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
     from verl.workers.engine.fsdp.model_init import build_module
 
     build_tiny_qwen3_5(str(tmp_path), kind="dense", with_tokenizer=False)

@@ -6,7 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.models.moe_router import configure_moe_router, router_configs
-from verl.models.tiny import build_tiny_qwen3_5
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
 
 def _moe(**kw):

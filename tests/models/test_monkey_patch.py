@@ -8,7 +8,7 @@ import transformers as tf
 
 from qwen35_test_utils import packed_positions, patched_copy, random_ids
 from verl.models.transformers.monkey_patch import apply_monkey_patch
-from verl.models.transformers.qwen3_5 import Qwen3_5CausalLMOutputForPPO
+from verl.models.transformers.fused_forward import CausalLMOutputForPPO
 
 
 def _instance_forwards(model):
@@ -24,13 +24,14 @@ def _tiny_llama():
     return tf.LlamaForCausalLM(cfg).eval()
 
 
-def _tiny_qwen3():
+def _tiny_qwen2():
+    # Qwen2 has no package of its own (Qwen3 does, since it became the second registered architecture).
     torch.manual_seed(0)
-    cfg = tf.Qwen3Config(
+    cfg = tf.Qwen2Config(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+        num_key_value_heads=2, max_position_embeddings=128,
     )
-    return tf.Qwen3ForCausalLM(cfg).eval()
+    return tf.Qwen2ForCausalLM(cfg).eval()
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe", "vl"])
@@ -72,7 +73,7 @@ def test_repatch_with_other_settings_switches_backend(tiny_models):
     assert model(input_ids=ids, use_cache=False).logits.shape == (1, 6, model.config.vocab_size)
 
 
-@pytest.mark.parametrize("factory", [_tiny_llama, _tiny_qwen3])
+@pytest.mark.parametrize("factory", [_tiny_llama, _tiny_qwen2])
 def test_other_models_untouched(factory):
     model = factory()
     gen = torch.Generator().manual_seed(0)
@@ -97,7 +98,7 @@ def _fused_vs_normal(model, temperature, **inputs):
     ref_lp = logp.gather(-1, torch.roll(ids, -1, dims=-1)[..., None]).squeeze(-1)
     ref_ent = -(logp.exp() * logp).sum(-1)
     out = fused(**inputs, use_cache=False, temperature=temperature)
-    assert isinstance(out, Qwen3_5CausalLMOutputForPPO)
+    assert isinstance(out, CausalLMOutputForPPO)
     assert out.log_probs.shape == ids.shape and out.entropy.shape == ids.shape
     torch.testing.assert_close(out.log_probs, ref_lp, atol=1e-5, rtol=0)
     torch.testing.assert_close(out.entropy, ref_ent, atol=1e-5, rtol=0)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from qwen35_test_utils import packed_positions, patched_copy, random_ids
-from verl.models.transformers import npu_patch
+from verl.models.qwen3_5 import npu_patch
 
 
 def _rotate_half(x):

@@ -8,12 +8,13 @@ these checks is tests/npu/test_npu_runtime.py (``-m npu``).
 import pytest
 import torch
 
-from verl.models.transformers import npu_patch
+from verl.models.qwen3_5 import npu_patch
+from verl.models.transformers.npu_patch import apply_npu_patches_for_model
 
 
 @pytest.fixture
 def tiny_dense(tmp_path):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     build_tiny_qwen3_5(tmp_path, kind="dense", dtype=torch.float32)
     return tmp_path
@@ -51,7 +52,7 @@ def test_other_architectures_keep_their_forward_on_npu(recorded, monkeypatch):
     from verl.utils import device
 
     monkeypatch.setattr(device, "get_device_name", lambda: "npu")
-    assert npu_patch.apply_npu_patches_for_model(LlamaConfig(architectures=["LlamaForCausalLM"])) == []
+    assert apply_npu_patches_for_model(LlamaConfig(architectures=["LlamaForCausalLM"])) == []
     assert recorded == []
 
 
@@ -67,13 +68,13 @@ def test_decided_by_the_model_spec(recorded, monkeypatch):
 
     monkeypatch.setattr(device, "get_device_name", lambda: "npu")
     base = SUPPORTED_ARCHITECTURES["Qwen3_5MoeForCausalLM"]
-    for name, patches in (("MyMoeForCausalLM", "qwen3_5"), ("MyStockMoeForCausalLM", None)):
-        SUPPORTED_ARCHITECTURES.register(name, dataclasses.replace(base, architecture=name, patches=patches))
+    for name, patch in (("MyMoeForCausalLM", base.npu_patch), ("MyStockMoeForCausalLM", None)):
+        SUPPORTED_ARCHITECTURES.register(name, dataclasses.replace(base, architecture=name, npu_patch=patch))
     try:
         cfg = Qwen3_5MoeTextConfig(architectures=["MyMoeForCausalLM"])
-        assert npu_patch.apply_npu_patches_for_model(cfg) == ["x"]
+        assert apply_npu_patches_for_model(cfg) == ["x"]
         cfg.architectures = ["MyStockMoeForCausalLM"]
-        assert npu_patch.apply_npu_patches_for_model(cfg) == []
+        assert apply_npu_patches_for_model(cfg) == []
     finally:
         for name in ("MyMoeForCausalLM", "MyStockMoeForCausalLM"):
             SUPPORTED_ARCHITECTURES.pop(name)

@@ -12,7 +12,7 @@ from verl.models.registry import (
     get_text_config,
     load_hf_model,
 )
-from verl.models.tiny import build_tiny_qwen3_5
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +31,7 @@ def test_specs(configs):
         "Qwen3_5MoeForCausalLM",
         "Qwen3_5ForConditionalGeneration",
         "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3ForCausalLM",  # the second architecture's package (verl/models/qwen3)
     }
     assert get_text_config(configs["vl"]).model_type == "qwen3_5_text"
 
@@ -104,7 +105,13 @@ def test_spec_carries_patches_lora_weight_sync_flops_and_mcore_names():
     assert isinstance(SUPPORTED_ARCHITECTURES, Registry)
     dense = SUPPORTED_ARCHITECTURES["Qwen3_5ForCausalLM"]
     moe = SUPPORTED_ARCHITECTURES.get_or_raise("Qwen3_5MoeForConditionalGeneration")
-    assert dense.patches == "qwen3_5" and dense.native_packing and dense.lora_all_linear == QWEN35_ALL_LINEAR
+    from verl.models.qwen3_5.hf_patch import patch_qwen3_5_modules
+    from verl.models.qwen3_5.hf_runner import Qwen35Runner
+    from verl.models.qwen3_5.npu_patch import apply_npu_patches_for_spec
+
+    assert dense.resolve("patches") is patch_qwen3_5_modules
+    assert dense.native_packing and dense.lora_all_linear == QWEN35_ALL_LINEAR
+    assert dense.resolve("hf_runner") is Qwen35Runner and dense.resolve("npu_patch") is apply_npu_patches_for_spec
     assert dense.lora_fused_expert_params == () and moe.lora_fused_expert_params
     assert dense.resolve("weight_sync_layout").__name__ == "Qwen35Layout"
     assert callable(dense.resolve("flops_fn")) and moe.mcore_model == "Qwen3_5MoeForConditionalGeneration"
@@ -113,6 +120,7 @@ def test_spec_carries_patches_lora_weight_sync_flops_and_mcore_names():
 
     generic = get_model_spec(LlamaConfig(architectures=["LlamaForCausalLM"]))
     assert generic.patches is None and generic.lora_all_linear is None and generic.mcore_model is None
+    assert generic.hf_runner is None and generic.npu_patch is None
     assert not generic.packs_with(LlamaConfig())  # HF packing by position ids needs flash-attn varlen
     fa2 = LlamaConfig()
     fa2._attn_implementation = "flash_attention_2"

@@ -7,8 +7,8 @@ from omegaconf import OmegaConf
 
 from qwen35_test_utils import make_image_sample, patched_copy, random_ids
 from verl.models.moe_router import configure_moe_router
-from verl.models.tiny import build_tiny_qwen3_5
-from verl.models.transformers.qwen3_5 import Qwen3_5CausalLMOutputForPPO
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+from verl.models.transformers.fused_forward import CausalLMOutputForPPO
 
 
 def _top_level_name(model):
@@ -34,7 +34,7 @@ def test_normal_backend_logits_match_stock_on_padded_rows(tiny_models, kind):
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     ref = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
     out = patched_copy(model)(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, temperature=0.5)
-    assert isinstance(out, Qwen3_5CausalLMOutputForPPO) and out.aux_loss is None
+    assert isinstance(out, CausalLMOutputForPPO) and out.aux_loss is None
     # Real tokens only (stock pads attend to nothing useful); the temperature is not applied by the model.
     torch.testing.assert_close(out.logits[mask.bool()], ref[mask.bool()], atol=2e-5, rtol=0)
     kept = patched_copy(model)(input_ids=ids[1:], use_cache=False, logits_to_keep=1).logits

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 from qwen35_test_utils import make_image_sample, packed_positions, patched_copy, random_ids
 from tests.engine_utils import leave_process_group
-from verl.models.tiny import build_tiny_qwen3_5
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 from verl.utils import ulysses as uly
 
 WORLD = 2

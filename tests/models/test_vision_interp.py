@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
 from qwen35_test_utils import patched_copy
-from verl.models.transformers.qwen3_5 import fast_pos_embed_interpolate, vision_interp_indices_weights
+from verl.models.qwen3_5.hf_forward import fast_pos_embed_interpolate, vision_interp_indices_weights
 
 
 def _reference(visual, grid_thw):
@@ -82,7 +82,7 @@ def test_patched_vision_forward_matches_stock(tiny_models, kind):
 
 def test_vision_forward_embeds_positions_with_fast_pos_embed_interpolate(tiny_models, monkeypatch):
     """The seed's device-safe interpolation is the one the production VL forward runs (not a test-only twin)."""
-    from verl.models.transformers import qwen3_5
+    from verl.models.qwen3_5 import hf_forward as qwen3_5
 
     patched, _ = _vision_tower(tiny_models, "vl")
     calls = []

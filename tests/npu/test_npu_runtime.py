@@ -29,8 +29,8 @@ def test_device_utils_detect_the_npu():
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_model_load_applies_patches_and_matches_reference(tmp_path, kind):
     from verl.models.registry import load_hf_model
-    from verl.models.tiny import build_tiny_qwen3_5
-    from verl.models.transformers import npu_patch
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5 import npu_patch
 
     build_tiny_qwen3_5(tmp_path, kind=kind, dtype=torch.float32)
     npu_patch.revert_npu_patches()

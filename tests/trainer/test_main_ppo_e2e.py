@@ -62,7 +62,7 @@ def test_gae_with_critic_runs(tmp_path):
 
 @pytest.mark.parametrize("kind", ["moe", "vl"])
 def test_moe_and_vl_checkpoints_run_a_step(tmp_path, kind):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     model_dir = tmp_path / f"tiny-{kind}"
     build_tiny_qwen3_5(model_dir, kind=kind, seed=0)

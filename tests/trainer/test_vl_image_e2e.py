@@ -21,7 +21,7 @@ from tests.utils.dataset.test_rl_dataset_vl import load_example
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     root = tmp_path_factory.mktemp("vl_e2e")
     build_tiny_qwen3_5(root / "model", kind="vl", seed=0)

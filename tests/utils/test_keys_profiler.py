@@ -15,7 +15,7 @@ import pytest
 
 from verl.trainer.config.checks import compose_config
 from verl.utils.profiler import StepProfiler
-from verl.utils.profiler.worker import ProfilerWorkerMixin
+from verl.single_controller.profiler_worker import ProfilerWorkerMixin
 
 
 class _Rank(ProfilerWorkerMixin):

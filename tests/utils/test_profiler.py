@@ -7,7 +7,7 @@ import json
 
 import pytest
 from verl.utils.profiler import ProfilePlan, StepProfiler, check_profiler_config
-from verl.utils.profiler.worker import ProfilerWorkerMixin
+from verl.single_controller.profiler_worker import ProfilerWorkerMixin
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 @pytest.fixture(scope="module")
 def dense_dir(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tmp_path_factory.mktemp("keys_model_dense")
     build_tiny_qwen3_5(str(path), kind="dense", seed=0)
@@ -28,7 +28,7 @@ def dense_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tmp_path_factory.mktemp("keys_model_moe")
     build_tiny_qwen3_5(str(path), kind="moe", seed=0)

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 @pytest.fixture(scope="module")
 def dense_dir(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tmp_path_factory.mktemp("dense")
     build_tiny_qwen3_5(str(path), kind="dense")
@@ -20,7 +20,7 @@ def dense_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tmp_path_factory.mktemp("moe")
     build_tiny_qwen3_5(str(path), kind="moe")
@@ -59,7 +59,8 @@ def _randomize_b(module, seed=0):
 
 # ---------------------------------------------------------------------------------------------- targets
 def test_all_linear_selects_qwen35_projections(dense_dir):
-    from verl.workers.lora import QWEN35_ALL_LINEAR, apply_lora
+    from verl.models.qwen3_5.spec import QWEN35_ALL_LINEAR
+    from verl.workers.lora import apply_lora
 
     m = apply_lora(load(dense_dir), model_cfg(dense_dir, lora_rank=4))
     adapted = {n.rsplit(".", 1)[-1] for n, mod in m.named_modules() if hasattr(mod, "lora_A") and mod.lora_A}

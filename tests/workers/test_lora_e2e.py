@@ -109,7 +109,7 @@ def test_recommended_command_then_continue_from_adapter(demo_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tmp_path_factory.mktemp("moe")
     build_tiny_qwen3_5(str(path), kind="moe")

@@ -52,7 +52,7 @@ def test_unknown_policy_loss_key_is_refused():
 
 
 def test_the_actor_hands_custom_policy_losses_an_actor_config(tmp_path):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
     from verl.protocol import DataProto
     from verl.workers.actor.ppo_actor import PPOActor
     from tests.engine_utils import arr_config, make_engine, sgd, single_rank_gloo

@@ -4,12 +4,12 @@ The Qwen3.5 forwards fall back to exact torch code when a kernel package is abse
 runs), so a missing package never fails a run; on a GPU it costs time, which users must hear about rather
 than discover (a silent torch fallback of the Gated DeltaNet delta rule has cost users 2x elsewhere).
 
-What is reported is what the code will run, asked of the code that chooses: the Gated DeltaNet backend from
-``gated_deltanet.gdn_backend`` (an installed fla that fails to import counts as absent, as it runs), packed
-attention from ``packed_attention.select_backend`` (flash-attn, else torch's own varlen attention, else padded
+What is reported is what the code will run, asked of the code that chooses: a model's own parts from the
+function its spec names (``ModelSpec.kernels``: Qwen3.5's Gated DeltaNet backend, where an installed fla that
+fails to import counts as absent, as it runs), packed attention from ``packed_attention.select_backend`` (flash-attn, else torch's own varlen attention, else padded
 SDPA: only the last is slow). A backend forced through an environment variable is reported, never warned about.
 
-The model spec says what a model needs (``has_linear_attention``, ``native_packing``); ``engine`` says which
+The model spec says what a model needs (``kernels``, ``native_packing``); ``engine`` says which
 forwards run: ``fsdp`` (the patched HF model, and the stock HF forwards of hf-rollout generation) or ``mcore``
 (the Megatron model of :mod:`verl.models.mcore`, whose packed attention is always SDPA per sequence).
 """
@@ -70,10 +70,6 @@ _reported: set[tuple] = set()
 def importable(module: str) -> bool:
     """Whether the code that uses ``module`` gets it: the import the code does, not a look-up of installed files
     (a package built for another torch or CUDA is installed yet fails to import, and the code then falls back)."""
-    if module == "fla":
-        from verl.models.transformers.gated_deltanet import _fla_functions
-
-        return _fla_functions() is not None
     if module == "flash_attn":
         from verl.models.transformers.packed_attention import _flash_varlen
 
@@ -83,18 +79,6 @@ def importable(module: str) -> bool:
     except Exception:  # ImportError, or whatever a broken build raises at import
         return False
     return True
-
-
-def _gdn_choice(on_cuda: bool) -> KernelChoice:
-    from verl.models.transformers.gated_deltanet import GDN_BACKEND_ENV, fla_conv_available
-
-    if os.environ.get(GDN_BACKEND_ENV, "auto").lower() == "torch":
-        return KernelChoice(f"torch ({GDN_BACKEND_ENV}=torch)")
-    if not on_cuda:
-        return KernelChoice("torch")
-    if not importable("fla"):
-        return KernelChoice("torch", slow=True, kernel="fla")
-    return KernelChoice("fla" if fla_conv_available() else "fla (delta rule; conv in torch: this fla has no varlen conv)")
 
 
 def _packed_attention_choice(spec, on_cuda: bool) -> KernelChoice:
@@ -113,13 +97,9 @@ def kernel_choices(spec, use_remove_padding: bool, on_cuda: bool, engine: str = 
     """``{part: KernelChoice}`` for the parts of ``spec``'s model that have a fast kernel, as ``engine`` runs it."""
     if engine not in ("fsdp", "mcore"):
         raise ValueError(f"engine must be 'fsdp' or 'mcore', got {engine!r}")
-    choices = {}
-    if getattr(spec, "has_linear_attention", False):
-        choices["gated_deltanet"] = _gdn_choice(on_cuda)
-        if engine == "fsdp":  # stock HF forwards (hf rollout decoding) use transformers' own conv kernel
-            ok = importable("causal_conv1d")
-            choices["stock_gdn_conv"] = KernelChoice("causal-conv1d" if ok else "torch", slow=on_cuda and not ok,
-                                                     kernel="causal_conv1d")
+    # The model's own parts first (``ModelSpec.kernels``, e.g. Qwen3.5's Gated DeltaNet), then packed attention.
+    own = spec.resolve("kernels") if hasattr(spec, "resolve") else None
+    choices = dict(own(on_cuda, engine)) if own is not None else {}
     if engine == "mcore":
         choices["packed_attention"] = KernelChoice("sdpa per sequence (local spec)")
     elif use_remove_padding:

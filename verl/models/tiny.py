@@ -1,19 +1,16 @@
-"""Tiny, deterministic Qwen3.5 checkpoints and a character-level tokenizer, built locally.
+"""A character-level tokenizer with Qwen-style chat markers, built locally for tiny test and demo models.
 
-No hub is reachable at run time, so the embedded demo and every test build their models here with
-``save_pretrained``. The shapes keep both layer types (3 Gated DeltaNet + 1 full attention per block of
-four) so every Qwen3.5-specific code path is exercised, just small enough for a 2-core CPU.
+No hub is reachable at run time, so the embedded demo and every test build their tokenizers here; the tiny
+checkpoints of each architecture are built by its package (e.g. :mod:`verl.models.qwen3_5.tiny`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import string
 from pathlib import Path
 
-import torch
 
 # Special tokens in the order Qwen-style chat templates use them. The VL markers are present so the same
 # tokenizer serves text and vision-language tiny models.
@@ -73,157 +70,5 @@ def build_tiny_tokenizer(path: str | os.PathLike | None = None, chat_template: s
     return fast
 
 
-def _pad_vocab(n: int, multiple: int = 16) -> int:
+def pad_vocab(n: int, multiple: int = 16) -> int:
     return (n + multiple - 1) // multiple * multiple
-
-
-def tiny_text_config_kwargs(**overrides) -> dict:
-    """Keyword arguments for a Qwen3_5TextConfig / Qwen3_5MoeTextConfig of demo size."""
-    vocab = tiny_vocab()
-    kw = dict(
-        vocab_size=_pad_vocab(len(vocab)),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        pad_token_id=vocab["<|endoftext|>"],
-        eos_token_id=vocab["<|im_end|>"],
-        bos_token_id=None,
-    )
-    kw.update(overrides)
-    n = kw["num_hidden_layers"]
-    if len(kw["layer_types"]) != n:
-        kw["layer_types"] = [("full_attention" if (i + 1) % 4 == 0 else "linear_attention") for i in range(n)]
-    return kw
-
-
-# The tiny vision tower sees 4x4 patches merged 2x2, so one merged token covers 8x8 pixels. Images are
-# resized to between 2x2 and 4x4 merged tokens (16x16 .. 32x32 pixels): 4 to 16 image tokens per image.
-TINY_VL_IMAGE_PROCESSOR = dict(
-    patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=32 * 32
-)
-
-
-def build_tiny_vl_processor(tokenizer, path: str | os.PathLike | None = None, **image_overrides):
-    """The processor of a tiny Qwen3.5-VL model: the PIL image processor sized for its vision tower plus
-    ``tokenizer`` (whose chat template renders ``<|vision_start|><|image_pad|><|vision_end|>`` per image).
-
-    It is transformers' Qwen3VLProcessor (what AutoProcessor maps ``qwen3_5`` to). Its video processor needs
-    torchvision, so without torchvision the processor is built without one (images only; see
-    :mod:`verl.utils.processor`). The saved files are the usual ``processor_config.json`` /
-    ``preprocessor_config.json``, loadable with :func:`verl.utils.processor.load_processor`.
-    """
-    import transformers as tf
-
-    from verl.utils.processor import without_video_processor
-
-    image_processor = tf.Qwen2VLImageProcessorPil(**{**TINY_VL_IMAGE_PROCESSOR, **image_overrides})
-    try:
-        video_processor = tf.Qwen3VLVideoProcessor(
-            patch_size=image_processor.patch_size, merge_size=image_processor.merge_size,
-            temporal_patch_size=image_processor.temporal_patch_size,
-        )
-        processor = tf.Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                                        video_processor=video_processor, chat_template=tokenizer.chat_template)
-    except ImportError:  # no torchvision
-        processor = without_video_processor(tf.Qwen3VLProcessor)(
-            image_processor=image_processor, tokenizer=tokenizer, chat_template=tokenizer.chat_template
-        )
-    if path is not None:
-        processor.save_pretrained(str(path))
-    return processor
-
-
-def build_tiny_qwen3_5(
-    path: str | os.PathLike | None = None,
-    kind: str = "dense",
-    seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-    with_tokenizer: bool = True,
-    **overrides,
-):
-    """Build (and optionally save) a tiny random Qwen3.5 model.
-
-    kind: ``dense`` (Qwen3_5ForCausalLM), ``moe`` (Qwen3_5MoeForCausalLM), ``vl``
-    (Qwen3_5ForConditionalGeneration) or ``vl_moe`` (Qwen3_5MoeForConditionalGeneration).
-    Returns the model; with ``path`` the checkpoint (and tokenizer; for VL kinds also the processor, see
-    :func:`build_tiny_vl_processor`) are written there.
-    """
-    import transformers as tf
-
-    torch.manual_seed(seed)
-    moe_kw = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
-    if kind == "dense":
-        cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**overrides))
-        cfg.architectures = ["Qwen3_5ForCausalLM"]
-        model = tf.Qwen3_5ForCausalLM(cfg)
-    elif kind == "moe":
-        text = tiny_text_config_kwargs(**{**moe_kw, **overrides})
-        text.pop("intermediate_size", None)
-        cfg = tf.Qwen3_5MoeTextConfig(**text)
-        cfg.architectures = ["Qwen3_5MoeForCausalLM"]
-        model = tf.Qwen3_5MoeForCausalLM(cfg)
-    elif kind in ("vl", "vl_moe"):
-        vocab = tiny_vocab()
-        text = tiny_text_config_kwargs(**({**moe_kw, **overrides} if kind == "vl_moe" else overrides))
-        text["tie_word_embeddings"] = False  # VL checkpoints keep a separate lm_head
-        # mRoPE splits the rotary half-dim (head_dim * partial_rotary_factor / 2 = 2) across t/h/w sections.
-        text["rope_parameters"] = {
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.25,
-            "mrope_section": [1, 1, 0],
-            "mrope_interleaved": True,
-        }
-        if kind == "vl_moe":
-            text.pop("intermediate_size", None)
-        vision = dict(
-            depth=1,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            in_channels=3,
-            patch_size=4,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            out_hidden_size=text["hidden_size"],
-            num_position_embeddings=64,
-        )
-        cfg_cls = tf.Qwen3_5Config if kind == "vl" else tf.Qwen3_5MoeConfig
-        cfg = cfg_cls(
-            text_config=text,
-            vision_config=vision,
-            image_token_id=vocab["<|image_pad|>"],
-            video_token_id=vocab["<|video_pad|>"],
-            vision_start_token_id=vocab["<|vision_start|>"],
-            vision_end_token_id=vocab["<|vision_end|>"],
-            tie_word_embeddings=False,
-        )
-        arch = "Qwen3_5ForConditionalGeneration" if kind == "vl" else "Qwen3_5MoeForConditionalGeneration"
-        cfg.architectures = [arch]
-        model = getattr(tf, arch)(cfg)
-    else:
-        raise ValueError(f"unknown tiny model kind {kind!r}; expected dense, moe, vl or vl_moe")
-    model = model.to(dtype)
-    model.eval()
-    if path is not None:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(str(path))
-        if with_tokenizer:
-            tokenizer = build_tiny_tokenizer(path)
-            if kind in ("vl", "vl_moe"):
-                build_tiny_vl_processor(tokenizer, path)
-        (path / "tiny_model.json").write_text(json.dumps({"kind": kind, "seed": seed}))
-    return model

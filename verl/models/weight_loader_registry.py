@@ -1,49 +1,53 @@
-"""Custom weight loaders for the rollout engine, keyed by model architecture (seed 003, section 2.2).
+"""Megatron checkpoint loaders and savers by architecture (upstream's ``verl.models.weight_loader_registry``).
 
-Every Hugging Face causal LM that vLLM supports syncs without any of this: the trainer streams HF-named
-tensors and vLLM's own ``load_weights`` maps, fuses and shards them. A loader is needed only for a model
-whose checkpoint names vLLM's class does not understand (a custom or renamed architecture). Register it
-before ``main_ppo`` runs (a launcher script, or a module named in ``actor_rollout_ref.model.external_lib``)::
+``get_weight_loader(arch)`` gives ``loader(state_dict, wrapped_models, config, params_dtype, is_value_model)``,
+which copies an HF state dict into megatron-core model chunks; ``get_weight_saver(arch)`` gives
+``saver(wrapped_models, config, dtype, is_value_model, tie_word_embeddings)``, which merges the chunks back into an
+HF state dict. Architectures register here from their package's ``spec`` (Qwen3.5: the generic GPT pair of
+:mod:`verl.models.mcore.gpt_checkpoint`, driven by its weight converter)::
 
-    from verl.models.weight_loader_registry import register_weight_loader
+    from verl.models.weight_loader_registry import register_megatron_checkpoint_io
+    register_megatron_checkpoint_io("MyModelForCausalLM", loader="my_pkg.load", saver="my_pkg.save")
 
-    @register_weight_loader("MyModelForCausalLM")
-    def my_loader(actor_weights: dict, vllm_model):
-        params = dict(vllm_model.named_parameters())
-        for name, w in actor_weights.items():
-            param = params[my_name_map(name)]
-            loader = getattr(param, "weight_loader", None) or default_weight_loader
-            loader(param, w.to(param.dtype))
-        return vllm_model
-
-``actor_weights`` holds full (gathered) HF-named tensors. The loader runs inside vLLM's in-place reload, so
-every ``param.weight_loader(...)`` it calls is followed by the layer's post-load processing exactly as in a
-checkpoint load, and every engine parameter it did not write is reported by the coverage check.
+The rollout engine's custom HF -> vLLM loaders (upstream's dtensor weight loaders) are a different registry:
+:mod:`verl.models.dtensor_weight_loader`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any
 
 from verl.utils.registry import Registry
 
-WeightLoader = Callable[[dict, Any], Any]
+__all__ = ["MEGATRON_LOADER_REGISTRY", "MEGATRON_SAVER_REGISTRY", "get_weight_loader", "get_weight_saver",
+           "register_megatron_checkpoint_io"]
 
-WEIGHT_LOADER_REGISTRY: Registry = Registry("rollout weight loader")
+GPT_LOADER = "verl.models.mcore.gpt_checkpoint.load_state_dict_to_megatron_gptmodel"
+GPT_SAVER = "verl.models.mcore.gpt_checkpoint.merge_megatron_ckpt_gptmodel"
 
-
-def register_weight_loader(architecture: str, loader: Optional[WeightLoader] = None, *, override: bool = False):
-    """Register ``loader(actor_weights, vllm_model) -> vllm_model`` for ``architecture`` (the class name in
-    the checkpoint's ``config.json`` ``architectures``). Usable as a decorator."""
-    return WEIGHT_LOADER_REGISTRY.register(architecture, loader, override=override)
-
-
-def get_weight_loader(architectures) -> Optional[WeightLoader]:
-    """The loader registered for the first of ``architectures`` that has one, else None (vLLM's own)."""
-    for arch in architectures or ():
-        if arch in WEIGHT_LOADER_REGISTRY:
-            return WEIGHT_LOADER_REGISTRY.get_or_raise(arch)
-    return None
+MEGATRON_LOADER_REGISTRY = Registry("megatron checkpoint loader", config_key="config.json architectures")
+MEGATRON_SAVER_REGISTRY = Registry("megatron checkpoint saver", config_key="config.json architectures")
 
 
-__all__ = ["WEIGHT_LOADER_REGISTRY", "WeightLoader", "get_weight_loader", "register_weight_loader"]
+def register_megatron_checkpoint_io(arch: str, loader: Any = GPT_LOADER, saver: Any = GPT_SAVER,
+                                    override: bool = False) -> None:
+    """Register ``arch``'s loader and saver (objects or dotted paths; the generic GPT pair by default)."""
+    MEGATRON_LOADER_REGISTRY.register(arch, loader, override=override)
+    MEGATRON_SAVER_REGISTRY.register(arch, saver, override=override)
+
+
+def _lookup(registry: Registry, arch: str, what: str):
+    if arch not in registry:
+        raise ValueError(f"Model architectures {arch} {what} are not supported for now. Supported architectures: "
+                         f"{sorted(registry)}")
+    return registry.get_or_raise(arch)
+
+
+def get_weight_loader(arch: str):
+    """The Megatron loader registered for ``arch``; ValueError naming the supported ones otherwise."""
+    return _lookup(MEGATRON_LOADER_REGISTRY, arch, "loader")
+
+
+def get_weight_saver(arch: str):
+    """The Megatron saver registered for ``arch``; ValueError naming the supported ones otherwise."""
+    return _lookup(MEGATRON_SAVER_REGISTRY, arch, "saver")

@@ -7,12 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.single_controller.worker_group import ColocatedWorker, WorkerGroup
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from verl.utils.net import find_free_port
 
 
 def node_address_and_free_port() -> tuple[str, int]:

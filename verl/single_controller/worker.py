@@ -7,7 +7,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from verl.utils.profiler.worker import ProfilerWorkerMixin
+from verl.single_controller.profiler_worker import ProfilerWorkerMixin
 
 
 class Worker(ProfilerWorkerMixin):  # the mixin adds start_profile / stop_profile (global_profiler.*)

@@ -147,7 +147,7 @@ def create_local_worker_groups(role_specs: dict[str, tuple[type, tuple, dict]],
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
     if "MASTER_PORT" not in os.environ:
-        from verl.single_controller.ray import find_free_port
+        from verl.utils.net import find_free_port
 
         os.environ["MASTER_PORT"] = str(find_free_port())
     host = ColocatedWorker(role_specs)

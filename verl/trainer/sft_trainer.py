@@ -20,6 +20,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl.trainer.sft.dataset import create_sft_dataset  # noqa: F401 (upstream name)
 from verl.trainer.sft.trainer import SFTTrainer
 
 logger = logging.getLogger(__name__)
@@ -166,24 +167,6 @@ def _load_for_run(argv: list[str]) -> tuple[DictConfig, str]:
     return cfg, strategy
 
 
-def create_sft_dataset(data_paths, data_config, tokenizer, processor, max_samples: int = -1):
-    """``data.custom_cls`` when set, else :class:`MultiTurnSFTDataset`."""
-    from torch.utils.data import Dataset
-
-    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
-    from verl.utils.dataset.rl_dataset import _load_object_from_path
-
-    custom = data_config.get("custom_cls")
-    cls = MultiTurnSFTDataset
-    if custom is not None and custom.get("path"):
-        if not custom.get("name"):
-            raise ValueError("data.custom_cls.path is set but data.custom_cls.name is empty; name the dataset class")
-        cls = _load_object_from_path(custom.path, custom.name, "data.custom_cls")
-        if not (isinstance(cls, type) and issubclass(cls, Dataset)):
-            raise TypeError(f"data.custom_cls: {custom.name!r} must be a torch.utils.data.Dataset subclass")
-    return cls(data_paths, tokenizer, data_config, processor=processor, max_samples=max_samples)
-
-
 def _init_distributed() -> None:
     """Join (or, for a single process, create) the default process group: gloo on CPU, nccl on GPUs."""
     import torch.distributed as dist
@@ -191,7 +174,7 @@ def _init_distributed() -> None:
     if dist.is_initialized():
         return
     if "WORLD_SIZE" not in os.environ:  # plain `python -m`: a group of one
-        from verl.single_controller.ray import find_free_port
+        from verl.utils.net import find_free_port
 
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

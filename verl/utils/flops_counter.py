@@ -25,9 +25,11 @@ Conventions (all counts are *useful* FLOPs, one multiply-add = 2 FLOPs):
 
 Vision towers of VL configs are not counted (only their ``text_config``).
 
-Which formula a config gets is its model spec's choice (``verl.models.registry``, ``ModelSpec.flops_fn``):
-:func:`qwen3_5_forward_flops` for the Qwen3.5 architectures, :func:`dense_decoder_forward_flops` for the generic
-llama / mistral / qwen2 / qwen3 families, none (0, with a warning from :class:`FlopsCounter`) otherwise.
+Which formula a config gets is its model spec's choice (``ModelSpec.flops_fn``), read through
+:mod:`verl.utils.model_specs` (verl.models hands its spec table over on import, so this module imports no model
+code): each architecture package has its own (e.g. ``verl.models.qwen3_5.flops``), the generic llama / mistral /
+qwen2 / qwen3 families get :func:`dense_decoder_forward_flops`, others none (0, with a warning from
+:class:`FlopsCounter`). The helpers below are the shared building blocks of those formulas.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from typing import Callable, Optional
 
 import torch
 
+from verl.utils.model_specs import model_spec_of
+
 __all__ = [
     "FlopsCounter",
     "GDN_CHUNK_SIZE",
@@ -45,7 +49,6 @@ __all__ = [
     "forward_flops",
     "gdn_delta_rule_macs_per_token",
     "get_device_flops",
-    "qwen3_5_forward_flops",
 ]
 
 # Chunk length of the chunked Gated-DeltaNet kernels (fla's chunk_gated_delta_rule uses 64).
@@ -91,45 +94,22 @@ def get_device_flops(unit: str = "T", device_name: Optional[str] = None) -> floa
 # ----------------------------------------------------------------------------- building blocks
 
 
-def _text_config(config):
+def text_config(config):
     return getattr(config, "text_config", None) or config
 
 
-def _head_dim(cfg) -> int:
+def head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
-def _swiglu_params(hidden: int, inter: int) -> int:
+def swiglu_params(hidden: int, inter: int) -> int:
     return 3 * hidden * inter  # gate_proj, up_proj, down_proj
 
 
-def _causal_attention_fwd(batch_seqlens, n_heads: int, head_dim: int) -> int:
+def causal_attention_fwd(batch_seqlens, n_heads: int, head_dim: int) -> int:
     """Forward FLOPs of one causal softmax-attention layer (QK^T and PV on visible pairs)."""
     pairs = sum(s * (s + 1) // 2 for s in batch_seqlens)
     return 2 * 2 * n_heads * head_dim * pairs
-
-
-def _gated_attention_params(cfg) -> int:
-    """Qwen3.5 full attention: q_proj emits queries and a same-size output gate."""
-    hd = _head_dim(cfg)
-    q = cfg.num_attention_heads * hd
-    kv = cfg.num_key_value_heads * hd
-    return cfg.hidden_size * (2 * q + 2 * kv) + q * cfg.hidden_size
-
-
-def _gdn_params(cfg) -> int:
-    """Gated DeltaNet projections: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj."""
-    key_dim = cfg.linear_num_key_heads * cfg.linear_key_head_dim
-    value_dim = cfg.linear_num_value_heads * cfg.linear_value_head_dim
-    nv = cfg.linear_num_value_heads
-    h = cfg.hidden_size
-    return h * (2 * key_dim + value_dim) + h * value_dim + 2 * h * nv + value_dim * h
-
-
-def _gdn_conv_macs_per_token(cfg) -> int:
-    conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
-    conv_dim += cfg.linear_num_value_heads * cfg.linear_value_head_dim
-    return conv_dim * cfg.linear_conv_kernel_dim
 
 
 def gdn_delta_rule_macs_per_token(dk: int, dv: int, chunk: int = GDN_CHUNK_SIZE) -> float:
@@ -137,70 +117,27 @@ def gdn_delta_rule_macs_per_token(dk: int, dv: int, chunk: int = GDN_CHUNK_SIZE)
     return 3 * dk * dv + chunk * (3 * dk + 2 * dv) + chunk * chunk / 3
 
 
-def _layer_types(cfg) -> list[str]:
-    types = getattr(cfg, "layer_types", None)
-    if types:
-        return list(types)
-    interval = getattr(cfg, "full_attention_interval", 4)
-    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(cfg.num_hidden_layers)]
-
-
-def _mlp_params(cfg) -> int:
-    """Matmul weights a token passes through in one MLP/MoE block."""
-    h = cfg.hidden_size
-    if getattr(cfg, "num_experts", None):
-        params = h * cfg.num_experts  # router
-        params += cfg.num_experts_per_tok * _swiglu_params(h, cfg.moe_intermediate_size)
-        shared = getattr(cfg, "shared_expert_intermediate_size", 0) or 0
-        if shared:
-            params += _swiglu_params(h, shared) + h  # shared expert + its sigmoid gate
-        return params
-    return _swiglu_params(h, cfg.intermediate_size)
-
-
 # ----------------------------------------------------------------------------- model formulas
-
-
-def qwen3_5_forward_flops(config, batch_seqlens) -> float:
-    """Qwen3.5 dense / MoE (text or VL config): gated full attention, Gated DeltaNet, SwiGLU or MoE MLPs."""
-    cfg = _text_config(config)
-    tokens = sum(batch_seqlens)
-    types = _layer_types(cfg)
-    n_full = sum(t == "full_attention" for t in types)
-    n_lin = sum(t == "linear_attention" for t in types)
-    if n_full + n_lin != len(types):
-        raise ValueError(f"unknown layer types in {sorted(set(types))}")
-
-    macs_per_token = len(types) * _mlp_params(cfg)
-    macs_per_token += n_full * _gated_attention_params(cfg)
-    macs_per_token += n_lin * (_gdn_params(cfg) + _gdn_conv_macs_per_token(cfg))
-    macs_per_token += cfg.hidden_size * cfg.vocab_size  # lm_head
-    flops = 2 * macs_per_token * tokens
-    flops += n_full * _causal_attention_fwd(batch_seqlens, cfg.num_attention_heads, _head_dim(cfg))
-    delta = gdn_delta_rule_macs_per_token(cfg.linear_key_head_dim, cfg.linear_value_head_dim)
-    flops += 2 * n_lin * cfg.linear_num_value_heads * delta * tokens
-    return flops
 
 
 def dense_decoder_forward_flops(config, batch_seqlens) -> float:
     """llama / mistral / qwen2 / qwen3: GQA attention + SwiGLU MLP on every layer."""
-    cfg = _text_config(config)
-    hd = _head_dim(cfg)
+    cfg = text_config(config)
+    hd = head_dim(cfg)
     q = cfg.num_attention_heads * hd
     kv = cfg.num_key_value_heads * hd
     h = cfg.hidden_size
     attn = h * (q + 2 * kv) + q * h
-    macs_per_token = cfg.num_hidden_layers * (attn + _swiglu_params(h, cfg.intermediate_size)) + h * cfg.vocab_size
+    macs_per_token = cfg.num_hidden_layers * (attn + swiglu_params(h, cfg.intermediate_size)) + h * cfg.vocab_size
     flops = 2 * macs_per_token * sum(batch_seqlens)
-    flops += cfg.num_hidden_layers * _causal_attention_fwd(batch_seqlens, cfg.num_attention_heads, hd)
+    flops += cfg.num_hidden_layers * causal_attention_fwd(batch_seqlens, cfg.num_attention_heads, hd)
     return flops
 
 
 def _forward_fn(config) -> Optional[Callable]:
     """The FLOPs formula of ``config``'s model, as its model spec names it (``ModelSpec.flops_fn``)."""
-    from verl.models.registry import get_model_spec
-
-    return get_model_spec(config).resolve("flops_fn")
+    spec = model_spec_of(config)
+    return None if spec is None else spec.resolve("flops_fn")
 
 
 def forward_flops(config, batch_seqlens) -> float:
@@ -228,11 +165,9 @@ class FlopsCounter:
     def __init__(self, config):
         self.config = config
         if _forward_fn(config) is None:
-            from verl.models.registry import GENERIC_FLOPS_FAMILIES
-
             warnings.warn(
                 f"no FLOPs formula for model_type {getattr(config, 'model_type', None)!r} (its model spec names "
-                f"none; Qwen3.5 and {sorted(GENERIC_FLOPS_FAMILIES)} have one); MFU will read 0.",
+                "none, or verl.models was never imported); MFU will read 0.",
                 stacklevel=2,
             )
 

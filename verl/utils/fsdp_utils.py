@@ -11,6 +11,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from verl.utils.config import cfg_get
+
 logger = logging.getLogger(__name__)
 
 
@@ -38,13 +40,6 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def _wrap_cfg_get(wrap_policy, key, default=None):
-    if wrap_policy is None:
-        return default
-    val = wrap_policy.get(key, default) if hasattr(wrap_policy, "get") else getattr(wrap_policy, key, default)
-    return default if val is None else val
-
-
 def wrap_targets(model: torch.nn.Module, wrap_policy=None) -> list[torch.nn.Module]:
     """The sub-modules that get their own ``fully_shard`` unit (children before parents), from upstream's
     ``fsdp_config.wrap_policy``:
@@ -54,7 +49,7 @@ def wrap_targets(model: torch.nn.Module, wrap_policy=None) -> list[torch.nn.Modu
     * otherwise ``transformer_layer_cls_to_wrap`` (class names; default the model's ``_no_split_modules``,
       i.e. every decoder layer and vision block), or the first ModuleList of blocks for models without it.
     """
-    min_params = int(_wrap_cfg_get(wrap_policy, "min_num_params", 0) or 0)
+    min_params = int(cfg_get(wrap_policy, "min_num_params", 0) or 0)
     if min_params > 0:
         targets: list[torch.nn.Module] = []
         # A tied embedding / LM head is one parameter in two modules: it must stay in the root unit.
@@ -78,7 +73,7 @@ def wrap_targets(model: torch.nn.Module, wrap_policy=None) -> list[torch.nn.Modu
 
         visit(model)
         return targets
-    names = _wrap_cfg_get(wrap_policy, "transformer_layer_cls_to_wrap")
+    names = cfg_get(wrap_policy, "transformer_layer_cls_to_wrap")
     if names is not None:
         names = {names} if isinstance(names, str) else set(names)
         layers = [m for m in model.modules() if type(m).__name__ in names]
@@ -101,7 +96,7 @@ def apply_fsdp2(model: torch.nn.Module, mesh: DeviceMesh, mixed_precision: Mixed
     for layer in targets:
         fully_shard(layer, **kw)
     # Tied embeddings must stay in the root unit: sharding them separately would split one parameter.
-    size_based = int(_wrap_cfg_get(wrap_policy, "min_num_params", 0) or 0) > 0
+    size_based = int(cfg_get(wrap_policy, "min_num_params", 0) or 0) > 0
     if not tie and not size_based:
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         if emb is not None and not any(emb is t for t in targets):

@@ -31,6 +31,8 @@ def import_dotted(path: str, extra: Optional[str] = None) -> Any:
     except ImportError as exc:
         hint = f" Install it with `pip install -e .[{extra}]`." if extra else ""
         raise ImportError(f"{path} could not be imported ({exc}).{hint}") from exc
+    if not hasattr(module, attr):  # the path names a module itself (e.g. a weight converter module)
+        return importlib.import_module(path)
     return getattr(module, attr)
 
 

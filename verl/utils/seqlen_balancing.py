@@ -156,6 +156,25 @@ def _all_reduce(values: list[int], op, group) -> list[int]:
     return [int(v) for v in t.cpu().tolist()]
 
 
+def _fitting_partitions(group_work, group_tokens, count: int, step: int, fewest_groups: int, max_token_len: int,
+                        budget_key: str, sync_group) -> list[list[int]]:
+    """Balanced partitions of the groups into ``count`` (then ``count + step`` ...) micro-batches until every one
+    fits ``max_token_len``; with ``sync_group`` all ranks agree on the count."""
+    while True:
+        if count > fewest_groups:
+            raise CheckError(
+                f"Cannot satisfy max_token_len={max_token_len} ({budget_key}): needs {count} non-empty "
+                f"micro-batches but a rank has only {fewest_groups} (groups of) sequences; raise {budget_key}."
+            )
+        parts = get_seqlen_balanced_partitions(group_work, count, equal_size=False)
+        fits = all(sum(group_tokens[g] for g in part) <= max_token_len for part in parts)
+        if sync_group is not None:
+            fits = bool(_all_reduce([int(fits)], dist.ReduceOp.MIN, sync_group)[0])
+        if fits:
+            return parts
+        count += step
+
+
 def rearrange_micro_batches(
     batch,
     max_token_len: int,
@@ -216,20 +235,8 @@ def rearrange_micro_batches(
             f"{max_token_len} ({budget_key}); it cannot be split. Raise {budget_key} or lower force_group_size."
         )
 
-    step = num_batches_divided_by or 1
-    while True:
-        if count > fewest_groups:
-            raise CheckError(
-                f"Cannot satisfy max_token_len={max_token_len} ({budget_key}): needs {count} non-empty "
-                f"micro-batches but a rank has only {fewest_groups} (groups of) sequences; raise {budget_key}."
-            )
-        parts = get_seqlen_balanced_partitions(group_work, count, equal_size=False)
-        fits = all(sum(group_tokens[g] for g in part) <= max_token_len for part in parts)
-        if sync:
-            fits = bool(_all_reduce([int(fits)], dist.ReduceOp.MIN, dp_group)[0])
-        if fits:
-            break
-        count += step
+    parts = _fitting_partitions(group_work, group_tokens, count, num_batches_divided_by or 1, fewest_groups,
+                                max_token_len, budget_key, dp_group if sync else None)
 
     def part_work(part):
         return sum(group_work[g] for g in part)
@@ -270,8 +277,7 @@ def prepare_dynamic_batch(
     """DataProto version of :func:`rearrange_micro_batches`: returns (list of DataProto, index lists)."""
     import copy
 
-    from verl.protocol import DataProto
-
+    make = type(data)  # a DataProto (built through its class: utils does not import verl.protocol)
     # Same option order as rearrange_micro_batches' positional parameters.
     micro_tds, index_lists = rearrange_micro_batches(
         data.batch, max_token_len, dp_group, num_batches_divided_by,
@@ -280,7 +286,7 @@ def prepare_dynamic_batch(
     micro_batches = []
     for td, rows in zip(micro_tds, index_lists, strict=True):
         non_tensors = {k: v[rows] for k, v in data.non_tensor_batch.items()}
-        micro_batches.append(DataProto(batch=td, non_tensor_batch=non_tensors, meta_info=copy.deepcopy(data.meta_info)))
+        micro_batches.append(make(batch=td, non_tensor_batch=non_tensors, meta_info=copy.deepcopy(data.meta_info)))
     return micro_batches, index_lists
 
 

@@ -22,16 +22,7 @@ from verl.single_controller.worker import Worker
 from verl.utils.device import get_device_name, get_torch_device, resolve_trainer_device
 from verl.utils.tokenizer import load_tokenizer_and_processor
 from verl.workers.engine import EngineRegistry
-
-
-def ranks_per_dp_replica(role_cfg) -> int:
-    """Consecutive ranks that receive the same data: a Ulysses group (FSDP) or one model-parallel replica
-    (Megatron: tensor * pipeline * context parallel; its engine lays ranks out so that DP is outermost)."""
-    if EngineRegistry.canonical(str(role_cfg.get("strategy") or "fsdp2")) == "megatron":
-        m = role_cfg.get("megatron") or {}
-        return int(m.get("tensor_model_parallel_size", 1) or 1) * int(m.get("pipeline_model_parallel_size", 1) or 1) \
-            * int(m.get("context_parallel_size", 1) or 1)
-    return int(role_cfg.get("ulysses_sequence_parallel_size", 1) or 1)
+from verl.workers.engine.sections import engine_section, ranks_per_dp_replica  # noqa: F401 (re-exported)
 
 
 def _per_rank(total: int, world: int, name: str) -> int:
@@ -58,17 +49,6 @@ def flops_counter_for(engine):
 
     config = engine.model_hf_config()
     return None if config is None else FlopsCounter(config)
-
-
-def engine_section(role_cfg: DictConfig, strategy: str):
-    """The engine_config of a role: ``megatron`` for Megatron, else ``fsdp_config`` (the critic's FSDP section
-    is ``critic.fsdp`` in the composed config)."""
-    if EngineRegistry.canonical(strategy) == "megatron":
-        return role_cfg.get("megatron")
-    for key in ("fsdp_config", "fsdp"):
-        if role_cfg.get(key) is not None:
-            return role_cfg.get(key)
-    return (role_cfg.get("model") or {}).get("fsdp_config") or OmegaConf.create({})
 
 
 def build_engine(role_cfg: DictConfig, model_cfg: DictConfig, role: str, trainable: bool, **kwargs):
@@ -164,9 +144,12 @@ class ActorRolloutRefWorker(Worker):
 
         rcfg = self.config.rollout
         cls = get_rollout_class(rcfg.name)
-        module = self.actor_engine.hf_rollout_module() if rcfg.name == "hf" else self.actor_engine.module
+        # A registered rollout may be a factory function or a duck-typed class: only those that say so share the
+        # actor's module (BaseRollout.generates_with_training_module).
+        shares_module = bool(getattr(cls, "generates_with_training_module", False))
+        module = self.actor_engine.hf_rollout_module() if shares_module else self.actor_engine.module
         self.rollout = cls(config=rcfg, model_config=self.config.model, tokenizer=self.tokenizer,
-                           module=module if rcfg.name == "hf" else None, processor=self.processor)
+                           module=module if shares_module else None, processor=self.processor)
         eos = self.tokenizer.eos_token_id
         gen_eos = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
         ids = {eos} if eos is not None else set()
@@ -187,7 +170,7 @@ class ActorRolloutRefWorker(Worker):
     def _sync_rollout_weights(self):
         """Weights from the actor engine's parameter generator (adapter-only for LoRA where the rollout can
         apply it) into the rollout engine."""
-        if self.config.rollout.name == "hf":
+        if getattr(self.rollout, "generates_with_training_module", False):
             self.actor_engine.sync_hf_rollout_module()  # no-op where hf generates with the training module
             return
         bucket = int(self.config.rollout.get("checkpoint_engine", {}).get("update_weights_bucket_megabytes", 512))

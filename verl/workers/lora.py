@@ -54,9 +54,12 @@ ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 LORA_INT_ID = 1
 
-# The per-architecture lists live in the model spec (verl/models/registry.py); Qwen3.5's are re-exported here.
-from verl.models.registry import QWEN35_ALL_LINEAR  # noqa: E402
-from verl.models.registry import QWEN35_FUSED_EXPERT_PARAMS as FUSED_EXPERT_PARAMS  # noqa: E402
+from verl.utils.config import cfg_get, to_plain  # noqa: E402
+
+# The per-architecture lists live in the model spec (``ModelSpec.lora_all_linear`` / ``lora_fused_expert_params``,
+# e.g. verl/models/qwen3_5/spec.py). A model whose spec names no fused expert tensors is looked up under
+# transformers 5's own fused-experts names.
+FUSED_EXPERT_PARAMS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 # Spellings of target_parameters that mean "both fused expert tensors".
 EXPERT_ALIASES = ("all-experts", "experts")
 
@@ -69,25 +72,9 @@ FUSED_EXPERT_DROPOUT_ERROR = (
 )
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    if hasattr(cfg, "get"):
-        val = cfg.get(key, default)
-    else:
-        val = getattr(cfg, key, default)
-    return default if val is None else val
-
-
 def _plain(value: Any) -> Any:
     """OmegaConf containers -> plain Python (PEFT stores and JSON-serialises these)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
+    value = to_plain(value)
     if isinstance(value, tuple):
         return list(value)
     return value
@@ -109,7 +96,7 @@ def _log(msg: str) -> None:
 # ----------------------------------------------------------------------------------------------- config
 def lora_enabled(model_cfg: Any) -> bool:
     """LoRA is on when ``lora_rank > 0`` or an adapter to start from is given (its rank then applies)."""
-    return int(_get(model_cfg, "lora_rank", 0) or 0) > 0 or bool(_get(model_cfg, "lora_adapter_path"))
+    return int(cfg_get(model_cfg, "lora_rank", 0) or 0) > 0 or bool(cfg_get(model_cfg, "lora_adapter_path"))
 
 
 def read_adapter_config(path: str) -> dict:
@@ -192,15 +179,15 @@ def _check_dropout(target_parameters: Optional[list[str]], dropout: float) -> No
 def build_lora_config(model: nn.Module, model_cfg: Any):
     from peft import LoraConfig, TaskType
 
-    rank = int(_get(model_cfg, "lora_rank", 0))
-    target_parameters = resolve_target_parameters(model, _get(model_cfg, "target_parameters"))
-    dropout = float(_get(model_cfg, "lora_dropout", 0.0))
+    rank = int(cfg_get(model_cfg, "lora_rank", 0))
+    target_parameters = resolve_target_parameters(model, cfg_get(model_cfg, "target_parameters"))
+    dropout = float(cfg_get(model_cfg, "lora_dropout", 0.0))
     _check_dropout(target_parameters, dropout)
     kwargs = dict(
         r=rank,
-        lora_alpha=_get(model_cfg, "lora_alpha", 16),
-        target_modules=resolve_target_modules(model, _get(model_cfg, "target_modules", "all-linear")),
-        exclude_modules=_plain(_get(model_cfg, "exclude_modules")),
+        lora_alpha=cfg_get(model_cfg, "lora_alpha", 16),
+        target_modules=resolve_target_modules(model, cfg_get(model_cfg, "target_modules", "all-linear")),
+        exclude_modules=_plain(cfg_get(model_cfg, "exclude_modules")),
         lora_dropout=dropout,
         bias="none",
         task_type=TaskType.CAUSAL_LM,
@@ -233,14 +220,14 @@ def apply_lora(model: nn.Module, model_cfg: Any) -> nn.Module:
     """Wrap ``model`` with PEFT LoRA as ``model_cfg`` says; only adapter parameters remain trainable."""
     from peft import PeftModel, get_peft_model
 
-    adapter_path = _get(model_cfg, "lora_adapter_path")
+    adapter_path = cfg_get(model_cfg, "lora_adapter_path")
     if adapter_path:
         from verl.utils.fs import copy_to_local
 
-        local = copy_to_local(adapter_path, use_shm=bool(_get(model_cfg, "use_shm", False)))
+        local = copy_to_local(adapter_path, use_shm=bool(cfg_get(model_cfg, "use_shm", False)))
         saved = read_adapter_config(local)
         r, alpha = int(saved.get("r", 0)), saved.get("lora_alpha")
-        cfg_r, cfg_alpha = int(_get(model_cfg, "lora_rank", 0)), _get(model_cfg, "lora_alpha", 16)
+        cfg_r, cfg_alpha = int(cfg_get(model_cfg, "lora_rank", 0)), cfg_get(model_cfg, "lora_alpha", 16)
         if (cfg_r and cfg_r != r) or cfg_alpha != alpha:
             _log(f"lora_adapter_path={adapter_path}: rank={r} and alpha={alpha} from its {ADAPTER_CONFIG_NAME} "
                  f"override the config's lora_rank={cfg_r}, lora_alpha={cfg_alpha}")
@@ -360,14 +347,14 @@ def save_lora_adapter(module: nn.Module, out_dir: str) -> Optional[str]:
 # ------------------------------------------------------------------------------------------ rollout sync
 def check_lora_rollout_config(actor_rollout_ref_cfg: Any) -> None:
     """Fail early on settings under which the rollout engine would not serve the trained LoRA policy."""
-    model_cfg = _get(actor_rollout_ref_cfg, "model")
-    rollout_cfg = _get(actor_rollout_ref_cfg, "rollout")
+    model_cfg = cfg_get(actor_rollout_ref_cfg, "model")
+    rollout_cfg = cfg_get(actor_rollout_ref_cfg, "rollout")
     if not lora_enabled(model_cfg) or rollout_cfg is None:
         return
-    name = str(_get(rollout_cfg, "name", "hf"))
+    name = str(cfg_get(rollout_cfg, "name", "hf"))
     if name == "hf":
         return  # generates with the live actor module: nothing to load, any load_format works
-    fmt = str(_get(rollout_cfg, "load_format", "dummy"))
+    fmt = str(cfg_get(rollout_cfg, "load_format", "dummy"))
     if fmt.startswith("dummy"):
         raise ValueError(
             f"actor_rollout_ref.rollout.load_format={fmt} with LoRA and rollout.name={name}: the engine would start "
@@ -478,7 +465,6 @@ __all__ = [
     "ADAPTER_DIR_NAME",
     "FUSED_EXPERT_DROPOUT_ERROR",
     "FUSED_EXPERT_PARAMS",
-    "QWEN35_ALL_LINEAR",
     "adapter_state_dict",
     "apply_lora",
     "build_lora_config",
@@ -494,3 +480,13 @@ __all__ = [
     "rollout_sync",
     "save_lora_adapter",
 ]
+
+
+def _register_checkpoint_io() -> None:
+    # The FSDP checkpoint manager (verl.utils, which may not import workers) saves PEFT models through these.
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import AdapterIO, register_adapter_io
+
+    register_adapter_io(AdapterIO(ADAPTER_DIR_NAME, save_lora_adapter, iter_merged_weights))
+
+
+_register_checkpoint_io()

@@ -164,7 +164,8 @@ def test_rollout_metrics_merge_across_data_parallel_ranks():
 
 def nudge_to_call_calculator(out_dir: Path, steps: int = 80) -> None:
     """Fine-tune the tiny model on one tool-calling conversation; save it (with tokenizer) to ``out_dir``."""
-    from verl.models.tiny import build_tiny_qwen3_5, build_tiny_tokenizer
+    from verl.models.tiny import build_tiny_tokenizer
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     tok, schemas = build_tiny_tokenizer(), tool_schemas()
     model = build_tiny_qwen3_5(kind="dense", seed=0)

@@ -269,7 +269,7 @@ def test_sampling_params_follow_config(tok):
 def test_hf_engine_smoke(tok):
     """The real hf engine on a tiny random model: the loop runs and shapes/masks are consistent."""
     pytest.importorskip("verl.workers.rollout.hf_rollout")
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
     from verl.workers.rollout.hf_rollout import HFRollout
 
     model = build_tiny_qwen3_5(kind="dense")

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from verl.experimental.agent_loop import compute_position_ids, rope_indexer_from_config
-from verl.models.tiny import build_tiny_qwen3_5, build_tiny_tokenizer
+from verl.models.tiny import build_tiny_tokenizer
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
 
 @pytest.fixture(scope="module")

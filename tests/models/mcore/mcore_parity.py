@@ -27,7 +27,7 @@ def build_mcore_from_hf(path: str, dtype: torch.dtype, device: str, **overrides)
     from transformers import AutoConfig
 
     from verl.models.mcore.registry import hf_to_mcore_config, init_mcore_model
-    from verl.models.mcore.weight_converter import load_mcore_state, mcore_state_for_rank, safetensors_getter
+    from verl.models.qwen3_5.mcore.weight_converter import load_mcore_state, mcore_state_for_rank, safetensors_getter
 
     hf_config = AutoConfig.from_pretrained(path)
     tfconfig = hf_to_mcore_config(hf_config, dtype, use_cpu_initialization=device == "cpu", **overrides)

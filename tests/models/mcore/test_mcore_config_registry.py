@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from verl.models.mcore import registry as mreg
-from verl.models.mcore.config_converter import check_parallel_sizes, qwen3_5_transformer_config_kwargs
-from verl.models.tiny import build_tiny_qwen3_5
+from verl.models.mcore.config_converter import check_parallel_sizes
+from verl.models.qwen3_5.mcore.config import qwen3_5_transformer_config_kwargs
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +147,7 @@ def test_mcore_model_build_reports_kernels(configs, monkeypatch, capsys, caplog)
 
     import verl.models.mcore as mcore_pkg
     from verl.models import kernels
-    from verl.models.transformers import gated_deltanet
+    from verl.models.qwen3_5 import gated_deltanet
 
     monkeypatch.setattr(mcore_pkg, "require_megatron", lambda: None)
     monkeypatch.setattr(kernels, "_warned", set())

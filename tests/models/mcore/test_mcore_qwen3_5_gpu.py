@@ -19,7 +19,7 @@ pytest.importorskip("megatron.core", reason="needs megatron-core (the mcore extr
 
 import mcore_parity as mp  # noqa: E402
 
-from verl.models.tiny import build_tiny_qwen3_5  # noqa: E402
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5  # noqa: E402
 
 # bf16: two independent bf16 implementations of a random tiny model differ by rounding in every matmul and in
 # the recurrent state (measured on an H100: max 3.8e-3, mean 6.6e-4 nats); the stated tolerance is 0.02 nats
@@ -83,7 +83,7 @@ def test_mcore_entropy_and_grads_match_hf_fp32(checkpoint, name):
     import transformers as tf
 
     from verl.models.mcore.registry import get_mcore_forward_fn
-    from verl.models.mcore.weight_converter import to_hf_stream
+    from verl.models.qwen3_5.mcore.weight_converter import to_hf_stream
 
     path = checkpoint(name)
     model, hf_config = mp.build_mcore_from_hf(path, torch.float32, "cuda")
@@ -147,7 +147,7 @@ def test_mcore_gdn_kernel_grads_match_torch_reference(packed):
     is the path behind A_log / dt_bias / in_proj_a) with autograd through two pure-torch references that agree
     with each other: the chunked one and the token-by-token recurrence. An H100 run of the parity test above
     saw the gate grads of fla and of the torch kernels differ far more than TF32 explains."""
-    from verl.models.transformers.gated_deltanet import (
+    from verl.models.qwen3_5.gated_deltanet import (
         chunked_gated_delta_rule,
         gated_delta_rule,
         l2_normalize,

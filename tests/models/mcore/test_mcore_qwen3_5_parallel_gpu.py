@@ -38,7 +38,7 @@ def _worker(rank, path, tp, ep, sp, out_file, port):
 
     import mcore_parity as mp
     from verl.models.mcore.registry import get_mcore_forward_fn, hf_to_mcore_config, init_mcore_model
-    from verl.models.mcore.weight_converter import (
+    from verl.models.qwen3_5.mcore.weight_converter import (
         ParallelLayout, global_mcore_name, is_expert_param, load_mcore_state, mcore_state_for_rank, partition_dim,
         safetensors_getter, to_hf_stream,
     )
@@ -106,7 +106,7 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
     import transformers as tf
 
     import mcore_parity as mp
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tempfile.mkdtemp()
     build_tiny_qwen3_5(path, kind=kind, seed=3, with_tokenizer=False,

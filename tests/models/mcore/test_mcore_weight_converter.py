@@ -6,7 +6,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from verl.models.mcore.weight_converter import (
+from verl.models.qwen3_5.mcore.weight_converter import (
     ParallelLayout,
     global_mcore_name,
     hf_to_mcore_shards,
@@ -15,7 +15,7 @@ from verl.models.mcore.weight_converter import (
     mcore_to_hf,
     to_hf_stream,
 )
-from verl.models.tiny import build_tiny_qwen3_5
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
 KINDS = {
     "dense_tied": ("dense", {}),

@@ -14,7 +14,7 @@ SMALL = ["--config-name=sft_demo", "data.train_max_samples=16", "data.train_batc
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tmp_path_factory.mktemp("sft_moe")
     build_tiny_qwen3_5(str(path), kind="moe", seed=0)

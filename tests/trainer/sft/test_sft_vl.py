@@ -16,7 +16,7 @@ def vl_data(tmp_path_factory):
 
     from PIL import Image
 
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     root = tmp_path_factory.mktemp("sftvl")
     build_tiny_qwen3_5(root / "model", kind="vl", seed=0)

@@ -193,7 +193,7 @@ def test_assistant_first_and_system_only_prefix(tmp_path, tok):
 
 @pytest.fixture(scope="module")
 def vl(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
     from verl.utils.tokenizer import load_tokenizer_and_processor
 
     root = tmp_path_factory.mktemp("sftvl")

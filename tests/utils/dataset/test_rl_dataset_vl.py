@@ -25,7 +25,7 @@ def load_example():
 
 @pytest.fixture(scope="module")
 def vl(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
     from verl.utils.tokenizer import load_tokenizer_and_processor
 
     root = tmp_path_factory.mktemp("vl")
@@ -125,7 +125,7 @@ def test_explicit_model_config_and_pickling(vl, tmp_path):
 
 
 def test_text_model_keeps_plain_positions(tmp_path):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     build_tiny_qwen3_5(tmp_path / "m", kind="dense")
     from transformers import AutoTokenizer

@@ -6,6 +6,7 @@ import types
 import pytest
 import torch
 
+import verl.models  # noqa: F401  (registers the model specs the version floor is read from)
 from verl.utils.vllm import npu_vllm_patch as npp
 
 

@@ -68,7 +68,7 @@ def _worker(rank, world, port, model_dir, loss_agg_mode, use_remove_padding, out
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tmp_path_factory.mktemp("dp_parity_model")
     build_tiny_qwen3_5(str(path), kind="dense", seed=0)

@@ -147,7 +147,7 @@ def _model_dir():
     if "path" not in _MODEL_DIR:
         import tempfile
 
-        from verl.models.tiny import build_tiny_qwen3_5
+        from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
         path = tempfile.mkdtemp(prefix="verl_ulysses_model_")
         build_tiny_qwen3_5(path, kind="dense", seed=0, with_tokenizer=False)

@@ -13,7 +13,7 @@ from verl.protocol import DataProto
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tmp_path_factory.mktemp("engine_dense")
     build_tiny_qwen3_5(str(path), kind="dense", seed=0)

@@ -91,7 +91,7 @@ def _run(world, sp, dynamic, model_dir):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tmp_path_factory.mktemp("critic_model")
     build_tiny_qwen3_5(str(path), kind="dense", seed=0, with_tokenizer=True)
@@ -121,7 +121,7 @@ def test_value_head_runs_in_fp32_when_the_weights_arrive_in_bf16():
     (the GPU critic with the default bf16 compute dtype failed on this before)."""
     import torch
 
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
     from verl.workers.critic.value_model import ValueModel
 
     torch.manual_seed(0)

@@ -20,7 +20,7 @@ from torch.distributed.fsdp import FSDPModule
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tmp_path_factory.mktemp("keys_fsdp")
     build_tiny_qwen3_5(str(path), kind="dense", seed=0)

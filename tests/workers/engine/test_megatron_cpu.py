@@ -98,7 +98,7 @@ UPSTREAM_STYLE = [
 def qwen35_dir(tmp_path_factory):
     import transformers as tf
 
-    from verl.models.tiny import tiny_text_config_kwargs
+    from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
 
     path = tmp_path_factory.mktemp("qwen35_cfg")
     cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs())
@@ -227,7 +227,7 @@ def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
     pytest.importorskip("verl.models.mcore.registry")
     import transformers as tf
 
-    from verl.models.tiny import tiny_text_config_kwargs
+    from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
 
     shapes = {
         "35b_a3b": dict(hidden_size=2048, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,

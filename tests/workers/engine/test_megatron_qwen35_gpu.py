@@ -22,7 +22,7 @@ import megatron_standin as util  # noqa: E402  (rootdir-relative import, like te
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     paths = {}
     for kind in ("dense", "moe"):

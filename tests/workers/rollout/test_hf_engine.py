@@ -6,7 +6,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from verl.models.tiny import build_tiny_qwen3_5, tiny_vocab
+from verl.models.tiny import tiny_vocab
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 from verl.workers.rollout.base import GenerationRequest, SamplingParams
 from verl.workers.rollout.hf_engine.sampling import SamplerConfig, counter_uniform, sample_tokens
 from verl.workers.rollout.hf_rollout import HFRollout
@@ -74,10 +75,10 @@ def test_vl_greedy_matches_generate():
     reqs = [_image_request(4, (1, 4, 4), 3, 0), _image_request(2, (1, 4, 8), 6, 1), GenerationRequest(prompts([6])[0])]
     r = rollout(model, max_num_seqs=2)
     outs = r.generate(reqs, SamplingParams(temperature=0.0, max_tokens=8))
-    from verl.workers.rollout.hf_rollout import _expand_vision_tokens
+    from verl.workers.rollout.vision_tokens import expand_vision_tokens
 
     for req, o in zip(reqs, outs):
-        ids = _expand_vision_tokens(req, model.config)
+        ids = expand_vision_tokens(req, model.config)
         # the engine never samples a vision placeholder (it would have no pixels in the training forward)
         extra = {"suppress_tokens": [IMAGE_PAD, VOCAB["<|video_pad|>"]]}
         mm = (req.multi_modal_data or {}).get("processor_outputs")

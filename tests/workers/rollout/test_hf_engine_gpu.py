@@ -14,7 +14,7 @@ FUSED_DIMS = dict(linear_key_head_dim=32, linear_value_head_dim=64)
 
 
 def _needs_fla():
-    from verl.workers.rollout.hf_engine.qwen3_5_runner import _fla_recurrent_kernel
+    from verl.models.qwen3_5.hf_runner import _fla_recurrent_kernel
 
     if _fla_recurrent_kernel() is None:
         pytest.skip("fla is not importable")
@@ -24,13 +24,13 @@ def _needs_fla():
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("backend", ["triton", "fla"])
 def test_recurrent_step_kernels_match_torch(state_dtype, backend):
-    from verl.workers.rollout.hf_engine.qwen3_5_runner import fla_recurrent_step_, torch_recurrent_step_
+    from verl.models.qwen3_5.hf_runner import fla_recurrent_step_, torch_recurrent_step_
 
     if backend == "fla":
         _needs_fla()
         step = fla_recurrent_step_
     else:
-        from verl.workers.rollout.hf_engine.decode_kernels import gdn_decode_step_ as step
+        from verl.models.qwen3_5.decode_kernels import gdn_decode_step_ as step
 
     g = torch.Generator(device="cuda").manual_seed(0)
     b, h, hv, dk, dv = 7, 4, 8, 128, 128
@@ -53,7 +53,7 @@ def _decode_once(model, backend, seed=1):
     """Logits of one decode step over 5 slots whose caches hold the same random values (drawn in fp32, then
     cast: every model dtype starts from identical numbers), and the caches after it."""
     from verl.workers.rollout.hf_engine.cache import SlotCache
-    from verl.workers.rollout.hf_engine.qwen3_5_runner import Qwen35Runner
+    from verl.models.qwen3_5.hf_runner import Qwen35Runner
 
     runner = Qwen35Runner(model, recurrent_backend=backend)
     assert (runner.fused_kernels() is not None) == (backend == "auto")
@@ -74,7 +74,7 @@ def test_fused_decode_step_matches_torch_step(kind):
     """One decode step through the fused Triton kernels vs the unfused torch step (torch recurrent reference).
     fp32: logits and every cache agree to 1e-4. bf16: both are compared with the fp32 step, and the fused step
     (fp32 inside its kernels) is no further from it than the unfused one."""
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     model = build_tiny_qwen3_5(None, kind=kind, with_tokenizer=False, initializer_range=0.3, linear_num_key_heads=2,
                                linear_num_value_heads=4, **FUSED_DIMS).to("cuda").eval()
@@ -107,7 +107,7 @@ def _prompts(lengths, seed=0):
 
 @cuda
 def test_cuda_graph_decode_matches_eager():
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
     from verl.workers.rollout.base import GenerationRequest, SamplingParams
 
     model = build_tiny_qwen3_5(None, kind="dense", with_tokenizer=False, initializer_range=0.3,
@@ -129,7 +129,7 @@ def test_greedy_matches_generate_fp32_on_gpu(kind):
     """The fla paths (varlen conv / chunked rule in prefill, fused recurrent step in decode) against HF
     generate, fp32, with a wide init so that greedy choices are not near ties."""
     _needs_fla()
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
     from verl.workers.rollout.base import GenerationRequest, SamplingParams
 
     model = build_tiny_qwen3_5(None, kind=kind, with_tokenizer=False, initializer_range=0.3, **FUSED_DIMS).to("cuda")

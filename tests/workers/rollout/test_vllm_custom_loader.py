@@ -14,7 +14,7 @@ SEQ = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
 
 @pytest.fixture
 def registered():
-    from verl.models.weight_loader_registry import WEIGHT_LOADER_REGISTRY, register_weight_loader
+    from verl.models.dtensor_weight_loader import WEIGHT_LOADER_REGISTRY, register_weight_loader
 
     calls = []
 

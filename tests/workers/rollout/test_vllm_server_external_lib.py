@@ -1,5 +1,5 @@
 """Server mode imports ``model.external_lib`` in the spawned rollout-server process before it builds the
-engine, so a weight loader registered there (verl.models.weight_loader_registry) is what the server's engine
+engine, so a weight loader registered there (verl.models.dtensor_weight_loader) is what the server's engine
 finds; without it the engine would silently fall back to vLLM's own loader. No vLLM needed: the engine is
 :class:`LoaderProbe`, a STAND-IN for vLLMRollout that reports what the registry held when it was built."""
 
@@ -19,7 +19,7 @@ class LoaderProbe:
     """STAND-IN engine: looks its architecture's loader up at construction, as vLLMRollout does."""
 
     def __init__(self, config, model_config, tokenizer=None, module=None, processor=None, standalone=False):
-        from verl.models.weight_loader_registry import get_weight_loader
+        from verl.models.dtensor_weight_loader import get_weight_loader
 
         self.found = get_weight_loader([ARCH]) is not None
 
@@ -37,7 +37,7 @@ def _client(model_config: dict) -> vLLMServerClient:
 def lib_on_path(tmp_path, monkeypatch):
     # Spawned children start with the parent's sys.path, so they can import the module written here.
     (tmp_path / f"{LIB}.py").write_text(
-        "from verl.models.weight_loader_registry import register_weight_loader\n"
+        "from verl.models.dtensor_weight_loader import register_weight_loader\n"
         f"register_weight_loader({ARCH!r}, lambda actor_weights, vllm_model: vllm_model)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -6,7 +6,7 @@ from verl.workers.rollout.vllm_rollout.vllm_rollout import sync_layout, uses_run
 
 
 def _qwen35(kind):
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     return build_tiny_qwen3_5(None, kind=kind, with_tokenizer=False).config
 

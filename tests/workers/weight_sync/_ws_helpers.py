@@ -10,7 +10,7 @@ TINY = dict(hidden_size=128, head_dim=32, linear_key_head_dim=128, linear_value_
 def tiny(kind="dense", seed=0, fresh=False, **kw):
     """A tiny Qwen3.5; cached per (kind, seed) unless ``fresh`` (callers that wrap or train it need fresh)."""
     if fresh or kw:
-        from verl.models.tiny import build_tiny_qwen3_5
+        from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
         return build_tiny_qwen3_5(None, kind=kind, seed=seed, **{**TINY, **kw})
     return _cached(kind, seed)

@@ -3,7 +3,8 @@
 import pytest
 from _ws_helpers import tiny
 
-from verl.workers.weight_sync import Qwen35Layout, WeightCoverageError, check_coverage, expected_engine_names
+from verl.models.qwen3_5.weight_sync import Qwen35Layout
+from verl.workers.weight_sync import WeightCoverageError, check_coverage, expected_engine_names
 from verl.workers.weight_sync.names import expand_fused_experts
 
 

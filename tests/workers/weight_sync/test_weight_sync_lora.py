@@ -6,8 +6,8 @@ import pytest
 import torch
 from _ws_helpers import tiny
 
+from verl.models.qwen3_5.weight_sync import Qwen35Layout
 from verl.workers.weight_sync import (
-    Qwen35Layout,
     check_engine_lora_targets,
     check_lora_config,
     engine_lora_module,

@@ -4,8 +4,8 @@ import pytest
 import torch
 from _ws_helpers import tiny
 
+from verl.models.qwen3_5.weight_sync import Qwen35Layout
 from verl.workers.weight_sync import (
-    Qwen35Layout,
     engine_targets,
     expand_fused_experts,
     expected_engine_names,

@@ -20,12 +20,13 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from verl.models.rope_index import compute_position_ids, rope_indexer_from_config
+from verl.utils.rope_index import compute_position_ids, rope_indexer_from_config
 from verl.utils.chat_template import apply_chat_template
 from verl.utils.registry import Registry
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, GenerationRequest, SamplingParams
 
 from .utils import pad_rows
+from verl.utils.config import cfg_get
 
 logger = logging.getLogger(__name__)
 
@@ -197,13 +198,6 @@ class AgentLoopBase(ABC):
 # ---------------------------------------------------------------- manager
 
 
-def _cfg_get(cfg, key, default=None):
-    if cfg is None:
-        return default
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
-
-
 def _run_sync(coro):
     """Run a coroutine from sync code, also when the caller already runs an event loop (e.g. Ray async)."""
     try:
@@ -233,12 +227,12 @@ class AgentLoopManager:
         self.engine = engine
         self.tokenizer = tokenizer
         self.processor = processor
-        mt = _cfg_get(self.rollout_config, "multi_turn")
+        mt = cfg_get(self.rollout_config, "multi_turn")
         if tools is None:
             from verl.tools.tool_registry import load_all_tools
 
-            fn_path = _cfg_get(mt, "function_tool_path") or _cfg_get(_cfg_get(config, "data"), "function_tool_path")
-            tools = load_all_tools(_cfg_get(mt, "tool_config_path"), fn_path)
+            fn_path = cfg_get(mt, "function_tool_path") or cfg_get(cfg_get(config, "data"), "function_tool_path")
+            tools = load_all_tools(cfg_get(mt, "tool_config_path"), fn_path)
         self.tools = list(tools or [])
         self.rope_indexer = rope_indexer or (rope_indexer_from_config(model_config) if model_config else None)
         if self.rope_indexer is None and processor is not None and hasattr(processor, "get_rope_index"):
@@ -246,8 +240,8 @@ class AgentLoopManager:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.image_token_id = self._token_id("<|image_pad|>")
         self.video_token_id = self._token_id("<|video_pad|>")
-        default = "tool_agent" if _cfg_get(mt, "enable", False) else "single_turn_agent"
-        self.default_agent = _cfg_get(_cfg_get(self.rollout_config, "agent"), "default_agent_loop", default)
+        default = "tool_agent" if cfg_get(mt, "enable", False) else "single_turn_agent"
+        self.default_agent = cfg_get(cfg_get(self.rollout_config, "agent"), "default_agent_loop", default)
 
     def _token_id(self, token: str) -> Optional[int]:
         tid = self.tokenizer.convert_tokens_to_ids(token)
@@ -259,17 +253,17 @@ class AgentLoopManager:
         meta = meta_info or {}
         rc = self.rollout_config
         if meta.get("validate", False):
-            src = _cfg_get(rc, "val_kwargs")
-            do_sample = bool(_cfg_get(src, "do_sample", False))
+            src = cfg_get(rc, "val_kwargs")
+            do_sample = bool(cfg_get(src, "do_sample", False))
         else:
             src = rc
-            do_sample = bool(meta.get("do_sample", _cfg_get(rc, "do_sample", True)))
-        stop = [] if _cfg_get(rc, "ignore_eos", False) else self._eos_ids()
+            do_sample = bool(meta.get("do_sample", cfg_get(rc, "do_sample", True)))
+        stop = [] if cfg_get(rc, "ignore_eos", False) else self._eos_ids()
         return SamplingParams(
             n=1,
-            temperature=float(_cfg_get(src, "temperature", 1.0)) if do_sample else 0.0,
-            top_p=float(_cfg_get(src, "top_p", 1.0)),
-            top_k=int(_cfg_get(src, "top_k", -1)),
+            temperature=float(cfg_get(src, "temperature", 1.0)) if do_sample else 0.0,
+            top_p=float(cfg_get(src, "top_p", 1.0)),
+            top_k=int(cfg_get(src, "top_k", -1)),
             max_tokens=int(rc.response_length),
             stop_token_ids=stop,
             seed=meta.get("seed"),
@@ -277,11 +271,11 @@ class AgentLoopManager:
 
     def _eos_ids(self) -> list[int]:
         ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
-        mt = _cfg_get(self.rollout_config, "multi_turn")
-        if _cfg_get(mt, "enable", False):
+        mt = cfg_get(self.rollout_config, "multi_turn")
+        if cfg_get(mt, "enable", False):
             from .tool_parser import ToolParser
 
-            ids += ToolParser.get_tool_parser(_cfg_get(mt, "format", "hermes"), self.tokenizer).stop_token_ids
+            ids += ToolParser.get_tool_parser(cfg_get(mt, "format", "hermes"), self.tokenizer).stop_token_ids
         return sorted(set(ids))
 
     def run_rows(self, rows: list[dict[str, Any]], params: SamplingParams) -> tuple[list[AgentLoopOutput], int]:

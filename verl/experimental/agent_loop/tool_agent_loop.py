@@ -16,7 +16,9 @@ from typing import Any
 
 from verl.utils.chat_template import apply_chat_template
 
-from .agent_loop import AgentLoopBase, AgentLoopOutput, _cfg_get, register
+from verl.utils.config import cfg_get
+
+from .agent_loop import AgentLoopBase, AgentLoopOutput, register
 from .tool_parser import FunctionCall, ToolParser
 from .utils import TRUNCATION_SIDES, truncate_text
 
@@ -29,15 +31,15 @@ DEFAULT_TOOL_TIMEOUT_S = 30.0
 class ToolAgentLoop(AgentLoopBase):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        mt = _cfg_get(self.rollout_config, "multi_turn")
-        self.max_assistant_turns = _cfg_get(mt, "max_assistant_turns")
-        self.max_user_turns = _cfg_get(mt, "max_user_turns")
-        self.max_parallel_calls = int(_cfg_get(mt, "max_parallel_calls", 1))
-        self.max_tool_response_length = int(_cfg_get(mt, "max_tool_response_length", 256))
-        self.truncate_side = _cfg_get(mt, "tool_response_truncate_side", "middle")
+        mt = cfg_get(self.rollout_config, "multi_turn")
+        self.max_assistant_turns = cfg_get(mt, "max_assistant_turns")
+        self.max_user_turns = cfg_get(mt, "max_user_turns")
+        self.max_parallel_calls = int(cfg_get(mt, "max_parallel_calls", 1))
+        self.max_tool_response_length = int(cfg_get(mt, "max_tool_response_length", 256))
+        self.truncate_side = cfg_get(mt, "tool_response_truncate_side", "middle")
         if self.truncate_side not in TRUNCATION_SIDES:
             raise ValueError(f"multi_turn.tool_response_truncate_side must be one of {TRUNCATION_SIDES}")
-        self.tool_parser = ToolParser.get_tool_parser(_cfg_get(mt, "format", "hermes"), self.tokenizer)
+        self.tool_parser = ToolParser.get_tool_parser(cfg_get(mt, "format", "hermes"), self.tokenizer)
         self.tool_schemas = [t.tool_schema.model_dump(exclude_none=True) for t in self.tools.values()]
         self.turn_separator = self._turn_separator()
 

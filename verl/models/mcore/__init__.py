@@ -1,9 +1,10 @@
-"""Megatron-core models: Qwen3.5 (dense and MoE, text and VL checkpoints) built on megatron-core >= 0.18.
+"""Megatron-core backend, model-independent part (megatron-core >= 0.18): the registry of per-architecture builders
+(:mod:`.registry`), the shared config half (:mod:`.config_converter`), weight loading helpers
+(:mod:`.weight_loading`) and the generic GPT checkpoint loader/saver (:mod:`.gpt_checkpoint`).
 
-Importing this package needs no megatron: the registry (:mod:`.registry`), the config converter
-(:mod:`.config_converter`) and the weight converter (:mod:`.weight_converter`) are pure Python/torch. The model
-modules (:mod:`.qwen3_5`) import megatron-core and are reached through the registry, which calls
-:func:`require_megatron` first.
+Importing this package needs no megatron. Each architecture's megatron-core model lives in its own package
+(e.g. ``verl/models/qwen3_5/mcore/``) and is reached through the registry, which calls :func:`require_megatron`
+first.
 """
 
 from __future__ import annotations

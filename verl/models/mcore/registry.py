@@ -9,10 +9,10 @@ checkpoint's architecture string), hold what the Megatron engine needs per model
 * ``MODEL_FORWARD_REGISTRY``: ``fn(model, input_ids, position_ids, packed_seq_params=None, ...)``;
 * ``MODEL_WEIGHT_CONVERTER_REGISTRY``: a module-like object with ``mcore_state_for_rank`` / ``mcore_to_hf`` /
   ``to_hf_stream`` / ``global_mcore_name`` / ``gather_tp`` / ``partition_dim`` (see
-  :mod:`verl.models.mcore.weight_converter`).
+  :mod:`verl.models.qwen3_5.mcore.weight_converter` for Qwen3.5's).
 
-:func:`register_mcore_model` fills all four at once; entries may be dotted import paths, resolved on first
-use, so this module imports without megatron-core. See ``docs/advance/megatron_extension.md``.
+:func:`register_mcore_model` fills all four at once (each architecture package calls it from its ``spec``);
+entries may be dotted import paths, resolved on first use, so this module imports without megatron-core. See ``docs/advance/megatron_extension.md``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Callable, Optional, Union
 
-from verl.models.mcore import weight_converter as _qwen3_5_weights
 from verl.models.mcore.config_converter import build_transformer_config, check_parallel_sizes
 from verl.utils.registry import Registry
 
@@ -33,7 +32,8 @@ __all__ = [
 
 
 class SupportedModel(str, Enum):
-    """Architectures (``config.architectures[0]``) the Megatron backend builds out of the box."""
+    """Architectures (``config.architectures[0]``) the Megatron backend builds out of the box (upstream's enum;
+    each is registered by its architecture package, e.g. :mod:`verl.models.qwen3_5.spec`)."""
 
     QWEN3_5 = "Qwen3_5ForCausalLM"
     QWEN3_5_MOE = "Qwen3_5MoeForCausalLM"
@@ -44,6 +44,7 @@ class SupportedModel(str, Enum):
         return self.value
 
 
+_BUILT_IN = frozenset(m.value for m in SupportedModel)
 _KEY = "actor_rollout_ref.model.path (its config.json architectures)"
 MODEL_CONFIG_CONVERTER_REGISTRY = Registry("megatron config converter", config_key=_KEY)
 MODEL_INITIALIZER_REGISTRY = Registry("megatron model initializer", config_key=_KEY)
@@ -71,28 +72,18 @@ def register_mcore_model(
     return key
 
 
-_QWEN = "verl.models.mcore"
-for _model in SupportedModel:
-    register_mcore_model(
-        _model,
-        config_converter=f"{_QWEN}.config_converter.qwen3_5_transformer_config_kwargs",
-        initializer=f"{_QWEN}.qwen3_5.model.build_qwen3_5_model",
-        forward=f"{_QWEN}.qwen3_5.forward.qwen3_5_forward",
-        weight_converter=_qwen3_5_weights,
-    )
-
-
 def get_supported_model(hf_config) -> ModelKey:
-    """The registry key of a checkpoint: what its model spec names (``ModelSpec.mcore_model``: the Qwen3.5
-    architectures, found by ``model_type`` too when ``architectures`` is absent), else its declared architecture
+    """The registry key of a checkpoint: what its model spec names (``ModelSpec.mcore_model``, found by
+    ``model_type`` too when ``architectures`` is absent), else its declared architecture
     (models registered here from outside, whose spec is the generic one)."""
-    from verl.models.registry import get_model_spec
+    from verl.models.spec import get_model_spec
 
     wanted = [get_model_spec(hf_config).mcore_model] + list(getattr(hf_config, "architectures", None) or [])
     for name in wanted:
         for reg_key in MODEL_CONFIG_CONVERTER_REGISTRY:
             if name is not None and str(reg_key) == name:
-                return reg_key
+                # Upstream's enum member for the built-in architectures (registered by string in their package).
+                return SupportedModel(name) if name in _BUILT_IN else reg_key
     archs = list(getattr(hf_config, "architectures", None) or [])
     raise ValueError(
         f"the Megatron backend has no model for architectures={archs} "
@@ -103,7 +94,7 @@ def get_supported_model(hf_config) -> ModelKey:
     )
 
 
-def _get(reg: Registry, hf_config) -> Any:
+def _lookup(reg: Registry, hf_config) -> Any:
     key = get_supported_model(hf_config)
     obj = reg.get_or_raise(key)
     return obj
@@ -111,7 +102,7 @@ def _get(reg: Registry, hf_config) -> Any:
 
 def transformer_config_kwargs(hf_config, dtype=None, **override_transformer_config) -> dict:
     """TransformerConfig kwargs (pure: no megatron import)."""
-    return _get(MODEL_CONFIG_CONVERTER_REGISTRY, hf_config)(hf_config, dtype, **override_transformer_config)
+    return _lookup(MODEL_CONFIG_CONVERTER_REGISTRY, hf_config)(hf_config, dtype, **override_transformer_config)
 
 
 def hf_to_mcore_config(hf_config, dtype=None, **override_transformer_config):
@@ -119,7 +110,7 @@ def hf_to_mcore_config(hf_config, dtype=None, **override_transformer_config):
 
     A registered converter returns TransformerConfig kwargs (pure, testable without megatron) or, as upstream
     verl's converters do, a ready TransformerConfig."""
-    out = _get(MODEL_CONFIG_CONVERTER_REGISTRY, hf_config)(hf_config, dtype, **override_transformer_config)
+    out = _lookup(MODEL_CONFIG_CONVERTER_REGISTRY, hf_config)(hf_config, dtype, **override_transformer_config)
     return build_transformer_config(out) if isinstance(out, dict) else out
 
 
@@ -131,7 +122,7 @@ def init_mcore_model(tfconfig, hf_config, pre_process: bool = True, post_process
     from verl.models.mcore import require_megatron
 
     require_megatron()
-    build = _get(MODEL_INITIALIZER_REGISTRY, hf_config)
+    build = _lookup(MODEL_INITIALIZER_REGISTRY, hf_config)
     _report_kernels(hf_config)
     return build(tfconfig, hf_config, pre_process=pre_process, post_process=post_process,
                  share_embeddings_and_output_weights=share_embeddings_and_output_weights, value=value,
@@ -145,15 +136,15 @@ def _report_kernels(hf_config) -> None:
     import torch.distributed as dist
 
     from verl.models.kernels import report_kernels
-    from verl.models.registry import get_model_spec
+    from verl.models.spec import get_model_spec
 
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     report_kernels(get_model_spec(hf_config), True, on_cuda=torch.cuda.is_available(), rank0=rank0, engine="mcore")
 
 
 def get_mcore_forward_fn(hf_config) -> Callable:
-    return _get(MODEL_FORWARD_REGISTRY, hf_config)
+    return _lookup(MODEL_FORWARD_REGISTRY, hf_config)
 
 
 def get_mcore_weight_converter(hf_config):
-    return _get(MODEL_WEIGHT_CONVERTER_REGISTRY, hf_config)
+    return _lookup(MODEL_WEIGHT_CONVERTER_REGISTRY, hf_config)

@@ -1,8 +1,9 @@
 """Reading HF safetensors one tensor at a time and copying chunk-local mcore state into a model chunk (pure
-torch; re-exported by :mod:`verl.models.mcore.weight_converter`)."""
+torch, model-independent; each architecture's weight converter re-exports these)."""
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Mapping
 
 import torch
@@ -15,7 +16,6 @@ def safetensors_getter(path: str) -> Callable[[str], torch.Tensor]:
 
     from safetensors import safe_open
 
-    from verl.models.mcore.weight_converter import hf_getter  # lazy: weight_converter re-exports this module
 
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
@@ -42,7 +42,6 @@ def safetensors_getter(path: str) -> Callable[[str], torch.Tensor]:
 def load_mcore_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor], keep_init: tuple = ()) -> None:
     """Copy a chunk-local state dict into a model chunk; every parameter must be covered exactly once, except
     those under a ``keep_init`` prefix (e.g. a critic's fresh value head), which may be absent."""
-    from verl.models.mcore.weight_converter import strip_wrapper_prefix
     params = {strip_wrapper_prefix(n): p for n, p in module.named_parameters()}
     missing = sorted(n for n in set(params) - set(state) if not n.startswith(tuple(keep_init)))
     extra = sorted(set(state) - set(params))
@@ -55,3 +54,32 @@ def load_mcore_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor],
         if tuple(src.shape) != tuple(p.shape):
             raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != parameter shape {tuple(p.shape)}")
         p.copy_(src.to(device=p.device, dtype=p.dtype))
+
+
+def strip_wrapper_prefix(name: str) -> str:
+    """Drop the ``module.`` segments that DDP / Float16Module wrappers put in front of parameter names."""
+    while name.startswith("module."):
+        name = name[len("module."):]
+    return name
+
+
+PER_EXPERT_RE = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def hf_getter(state: Mapping[str, torch.Tensor]) -> Callable[[str], torch.Tensor]:
+    """A getter over an HF state dict in checkpoint layout (per-expert names) or module layout (fused experts)."""
+
+    def get(name: str) -> torch.Tensor:
+        if name in state:
+            return state[name]
+        m = PER_EXPERT_RE.match(name)
+        if m is not None:
+            base, e, which = m.group(1), int(m.group(2)), m.group(3)
+            if which == "down" and base + ".down_proj" in state:
+                return state[base + ".down_proj"][e]
+            if which in ("gate", "up") and base + ".gate_up_proj" in state:
+                gate, up = state[base + ".gate_up_proj"][e].chunk(2, dim=0)
+                return gate if which == "gate" else up
+        raise KeyError(f"{name} is missing from the Hugging Face checkpoint")
+
+    return get

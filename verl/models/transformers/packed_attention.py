@@ -1,4 +1,7 @@
-"""Causal attention that never crosses packed-sequence boundaries, and the Qwen3.5 gated attention forward.
+"""Packed rows (several sequences in one ``(1, T)`` row) and causal attention that never crosses their boundaries.
+
+Shared by every architecture's packed forward: :class:`PackedSeqInfo` (the boundaries the layers see) and the
+helpers between a packed row and padded rows.
 
 ``varlen_causal_attention`` picks, for half-precision CUDA tensors, flash-attn's varlen kernel when the package
 is installed, else PyTorch's own variable-length attention (``torch.nn.attention.varlen.varlen_attn``, a
@@ -14,12 +17,71 @@ import functools
 import inspect
 import logging
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from verl.models.transformers.gated_deltanet import batch_to_packed, packed_to_batch
+
+@dataclass
+class PackedSeqInfo:
+    """Boundaries of the packed row that the layers see.
+
+    cu_seqlens covers the whole (global, SP-gathered) row; ``sp_group`` is set when the row is sharded over a
+    Ulysses group, in which case the layers all-to-all to full sequences before using cu_seqlens.
+    """
+
+    cu_seqlens: torch.Tensor  # int32, (num_seqs + 1,)
+    max_seqlen: int
+    sp_group: Optional[dist.ProcessGroup] = None
+
+
+def current_sp_group(packed: Optional[PackedSeqInfo]):
+    return None if packed is None else packed.sp_group
+
+
+def cu_seqlens_from_starts(starts: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """starts: (T,) bool marking the first token of each sequence (index 0 is always a start)."""
+    starts = starts.clone()
+    starts[0] = True
+    idx = torch.nonzero(starts, as_tuple=False).flatten()
+    total = torch.tensor([starts.numel()], device=starts.device, dtype=idx.dtype)
+    cu = torch.cat([idx, total]).to(torch.int32)
+    max_len = int((cu[1:] - cu[:-1]).max().item())
+    return cu, max_len
+
+
+def seq_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """(T,) long tensor: index of the sequence each packed token belongs to."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=cu_seqlens.device), lengths, output_size=total)
+
+
+def packed_to_batch(x: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scatter packed ``(T, ...)`` rows into a right-padded ``(N, max_len, ...)`` batch.
+
+    Returns the batch and the flat index (into N * max_len) of every packed token, used to gather back.
+    Right padding is harmless for causal operators: padded slots sit after every real token of their row.
+    """
+    total = x.shape[0]
+    n = cu_seqlens.numel() - 1
+    seq = seq_ids_from_cu_seqlens(cu_seqlens, total)
+    offset_in_seq = torch.arange(total, device=x.device) - cu_seqlens.long()[seq]
+    flat_index = seq * max_len + offset_in_seq
+    out = x.new_zeros((n * max_len, *x.shape[1:]))
+    out = out.index_copy(0, flat_index, x)
+    return out.view(n, max_len, *x.shape[1:]), flat_index
+
+
+def batch_to_packed(x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, *x.shape[2:]).index_select(0, flat_index)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Depthwise causal conv
+# ----------------------------------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,68 +201,3 @@ def varlen_causal_attention(
         enable_gqa=qb.shape[2] != kb.shape[2],
     )
     return batch_to_packed(out.transpose(1, 2), index)
-
-
-def _rotary_helper(module):
-    # The rotary helper is a plain function of the module's own modeling file (dense or MoE); reuse it.
-    import importlib
-
-    from verl.models.transformers.monkey_patch import modeling_module_name
-
-    return importlib.import_module(modeling_module_name(module)).apply_rotary_pos_emb
-
-
-def gated_attention_forward(
-    self,
-    hidden_states: torch.Tensor,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor],
-    packed=None,
-    attention_mask: Optional[torch.Tensor] = None,
-    **kwargs,
-):
-    """Qwen3.5 full attention (q/k RMSNorm, partial rotary, sigmoid output gate) over packed tokens.
-
-    hidden_states: (B, T, H). With ``packed`` (B == 1) attention is block-diagonal causal over its
-    sequences; without it each row is one sequence. Returns (output, None) like the HF module.
-    """
-    if kwargs.get("past_key_values") is not None:  # cached decoding: stock path with its KV cache and mask
-        return type(self).forward(self, hidden_states, position_embeddings, attention_mask, **kwargs)
-    from verl.models.transformers import qwen3_5 as q35
-
-    b, t, _ = hidden_states.shape
-    hd = self.head_dim
-    q_and_gate = self.q_proj(hidden_states).view(b, t, -1, 2 * hd)
-    q, gate = q_and_gate[..., :hd], q_and_gate[..., hd:]
-    q = self.q_norm(q)
-    k = self.k_norm(self.k_proj(hidden_states).view(b, t, -1, hd))
-    v = self.v_proj(hidden_states).view(b, t, -1, hd)
-    cos, sin = position_embeddings
-    # unsqueeze_dim=2 because q/k are (B, T, heads, D) here.
-    q, k = _rotary_helper(self)(q, k, cos, sin, unsqueeze_dim=2)
-
-    sp = q35.current_sp_group(packed)
-    if sp is not None:
-        world = torch.distributed.get_world_size(sp)
-        if k.shape[2] % world != 0:
-            # Too few KV heads to split: give every query head its own copy first.
-            rep = q.shape[2] // k.shape[2]
-            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-        q, k, v = (q35.seq_to_heads(z, sp) for z in (q, k, v))
-    dropout = self.attention_dropout if self.training else 0.0
-    if packed is not None:
-        out = varlen_causal_attention(q[0], k[0], v[0], packed.cu_seqlens, packed.max_seqlen, self.scaling, dropout)
-        out = out.unsqueeze(0)
-    else:
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            is_causal=True,
-            dropout_p=dropout,
-            scale=self.scaling,
-            enable_gqa=q.shape[2] != k.shape[2],
-        ).transpose(1, 2)
-    if sp is not None:
-        out = q35.heads_to_seq(out, sp)
-    out = out.reshape(b, t, -1) * torch.sigmoid(gate.reshape(b, t, -1))
-    return self.o_proj(out), None

@@ -316,6 +316,24 @@ def _hydra_accepts_append(cfg: Any, tree: Any, parts: Sequence[str], ov, assigne
 # --------------------------------------------------------------------------- main entry
 
 
+def _check_append(cfg, tree, paths, text: str, ov, exists: bool, open_parent, added: set, assigned: dict):
+    """A ``+key=value`` override: the problem with it (None if Hydra accepts it); records what it adds."""
+    key = ov.key_or_group
+    if exists and _hydra_accepts_append(cfg, tree, key.split("."), ov, assigned):
+        assigned[key] = _override_value(ov)
+        return None
+    if exists:
+        return (f"`{key}` already exists with a value, so Hydra refuses `+` on it (\"Could not append to config. "
+                f"An item is already at '{key}'\"); set it with `{text.lstrip('+')}` (no leading `+`), or "
+                f"`+{text}` to add or override it.")
+    if open_parent is not None:
+        added.add(key)
+        assigned[key] = _override_value(ov)
+        return None
+    return (_unknown_key_message(key, tree, paths)
+            + " (`+` may only add keys below free-form nodes such as override_config or engine_kwargs.*)")
+
+
 def check_overrides(
     cfg_without_overrides: Any,
     overrides: Sequence[str],
@@ -370,22 +388,9 @@ def check_overrides(
             else:
                 problems.append(_unknown_key_message(key, tree, paths))
         elif ov.type == OverrideType.ADD:
-            if exists and _hydra_accepts_append(cfg_without_overrides, tree, parts, ov, assigned):
-                assigned[key] = _override_value(ov)
-                continue
-            if exists:
-                problems.append(
-                    f"`{key}` already exists with a value, so Hydra refuses `+` on it (\"Could not append to config. "
-                    f"An item is already at '{key}'\"); set it with `{text.lstrip('+')}` (no leading `+`), or "
-                    f"`+{text}` to add or override it.")
-            elif open_parent is not None:
-                added.add(key)
-                assigned[key] = _override_value(ov)
-            else:
-                problems.append(
-                    _unknown_key_message(key, tree, paths)
-                    + " (`+` may only add keys below free-form nodes such as override_config or engine_kwargs.*)"
-                )
+            problem = _check_append(cfg_without_overrides, tree, paths, text, ov, exists, open_parent, added, assigned)
+            if problem:
+                problems.append(problem)
         elif ov.type == OverrideType.FORCE_ADD:
             assigned[key] = _override_value(ov)
             if exists:

@@ -85,28 +85,25 @@ def check_checkpoint(c: Checker, prefix: str) -> None:
 
 
 def _parallel_dp_size(c: Checker, section: str, strategy: str, world: int) -> Optional[int]:
-    """Data-parallel size of an actor/critic section, or None after reporting a problem."""
-    if strategy == "megatron":
-        keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
-        sizes = [c.integer(f"{section}.megatron.{k}", minimum=1) for k in keys]
-        if None in sizes:
-            return None
-        model_parallel = sizes[0] * sizes[1] * sizes[2]
-        if c.get(f"{section}.megatron.virtual_pipeline_model_parallel_size") not in (None, UNSET) and sizes[1] < 2:
-            c.fail(f"{section}.megatron.virtual_pipeline_model_parallel_size",
-                   "needs pipeline_model_parallel_size > 1; set it to null.")
-        if world % model_parallel:
-            c.fail(f"{section}.megatron.tensor_model_parallel_size",
-                   f"* pipeline * context parallel size ({model_parallel}) must divide the world size ({world}).")
-            return None
-        return world // model_parallel
-    sp = c.integer(f"{section}.ulysses_sequence_parallel_size", minimum=1)
-    if sp is None:
+    """Data-parallel size of an actor/critic section, or None after reporting a problem. The ranks of one replica
+    are the product of the engine's registered ``replica_keys`` (the formula the workers use too)."""
+    from verl.workers.engine.sections import engine_sections
+
+    keys = engine_sections(strategy).replica_keys
+    sizes = [c.integer(f"{section}.{k}", minimum=1) for k in keys]
+    if None in sizes:
         return None
-    if world % sp:
-        c.fail(f"{section}.ulysses_sequence_parallel_size", f"({sp}) must divide the world size ({world}).")
+    replica = functools.reduce(lambda x, y: x * y, sizes, 1)
+    if strategy == "megatron" and c.get(f"{section}.megatron.virtual_pipeline_model_parallel_size") not in (
+            None, UNSET) and sizes[1] < 2:
+        c.fail(f"{section}.megatron.virtual_pipeline_model_parallel_size",
+               "needs pipeline_model_parallel_size > 1; set it to null.")
+    if world % replica:
+        others = " * ".join(k.rsplit(".", 1)[-1] for k in keys[1:])
+        what = f"* {others} ({replica})" if others else f"({replica})"
+        c.fail(f"{section}.{keys[0]}", f"{what} must divide the world size ({world}).")
         return None
-    return world // sp
+    return world // replica
 
 
 def sequence_parallel_size(c: Checker, section: str, packing_key: str, packing_name: str, engine: str):

@@ -72,7 +72,7 @@ def _build_data(d: Path) -> None:
 
 
 def _build_model(d: Path) -> None:
-    from verl.models.tiny import build_tiny_qwen3_5
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     # A wider init than HF's 0.02 gives the tied embedding / LM head enough scale that a policy (or a LoRA
     # adapter on the frozen base) can move the output distribution far within a few dozen steps.

@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import shutil
 import time
 import uuid
 from contextlib import contextmanager
@@ -37,11 +36,12 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.remax import greedy_reward_baselines
 from verl.trainer.ppo.reward import compute_reward
+from verl.utils.checkpoint import step_dirs as ckpt_dirs
+from verl.utils.checkpoint.step_dirs import LATEST_FILE  # noqa: F401 (its public name here)
 from verl.utils.profiler import StepProfiler
 
 logger = logging.getLogger(__name__)
 
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 
 
 @contextmanager
@@ -148,11 +148,11 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _ckpt_root(self) -> str:
-        return os.path.abspath(os.path.expanduser(self.config.trainer.default_local_dir))
+        return ckpt_dirs.checkpoint_root(self.config.trainer.default_local_dir)
 
     def _save_checkpoint(self) -> None:
         root = self._ckpt_root()
-        step_dir = os.path.join(root, f"global_step_{self.global_steps}")
+        step_dir = ckpt_dirs.step_dir(root, self.global_steps)
         self.actor_rollout_wg.save_checkpoint(os.path.join(step_dir, "actor"), global_step=self.global_steps)
         if self.use_critic:
             self.critic_wg.save_checkpoint(os.path.join(step_dir, "critic"), global_step=self.global_steps)
@@ -160,38 +160,11 @@ class RayPPOTrainer:
         torch.save(self.train_dataloader.state_dict(), tmp)
         os.replace(tmp, os.path.join(step_dir, "data.pt"))
         # Mark the step as latest only once every part is on disk; a crash before this keeps the old mark.
-        marker_tmp = os.path.join(root, LATEST_FILE + ".tmp")
-        with open(marker_tmp, "w") as f:
-            f.write(str(self.global_steps))
-        os.replace(marker_tmp, os.path.join(root, LATEST_FILE))
-        self._prune_checkpoints(root)
-
-    def _prune_checkpoints(self, root: str) -> None:
-        keep = self.config.trainer.get("max_actor_ckpt_to_keep")
-        if not keep or keep <= 0:
-            return
-        steps = sorted(int(d.split("_")[-1]) for d in os.listdir(root) if d.startswith("global_step_"))
-        for s in steps[:-keep]:
-            shutil.rmtree(os.path.join(root, f"global_step_{s}"), ignore_errors=True)
+        ckpt_dirs.mark_latest(root, self.global_steps)
+        ckpt_dirs.prune_steps(root, self.config.trainer.get("max_actor_ckpt_to_keep"))
 
     def _find_resume_dir(self) -> Optional[str]:
-        mode = self.config.trainer.resume_mode
-        if mode == "disable":
-            return None
-        if mode == "resume_path":
-            path = self.config.trainer.get("resume_from_path")
-            if not path or "global_step_" not in os.path.basename(os.path.normpath(path)):
-                raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path pointing at a "
-                                 f".../global_step_N directory (got {path!r})")
-            return os.path.abspath(os.path.expanduser(path))
-        if mode != "auto":
-            raise ValueError(f"trainer.resume_mode={mode!r}; expected auto, disable or resume_path")
-        marker = os.path.join(self._ckpt_root(), LATEST_FILE)
-        if not os.path.exists(marker):
-            return None
-        with open(marker) as f:
-            step = int(f.read().strip())
-        return os.path.join(self._ckpt_root(), f"global_step_{step}")
+        return ckpt_dirs.resume_dir(self.config.trainer)
 
     def _load_checkpoint(self) -> None:
         step_dir = self._find_resume_dir()
@@ -199,7 +172,7 @@ class RayPPOTrainer:
             return
         if not os.path.isdir(step_dir):
             raise FileNotFoundError(f"checkpoint directory {step_dir} does not exist")
-        self.global_steps = int(os.path.basename(os.path.normpath(step_dir)).split("_")[-1])
+        self.global_steps = ckpt_dirs.step_of(step_dir)
         print(f"Resuming from {step_dir} (global step {self.global_steps})", flush=True)
         self.actor_rollout_wg.load_checkpoint(os.path.join(step_dir, "actor"))
         if self.use_critic:

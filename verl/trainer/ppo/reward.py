@@ -15,6 +15,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from verl.utils.reward_score import get_default_compute_score
+from verl.utils.config import cfg_get, to_plain
 
 if TYPE_CHECKING:
     from verl import DataProto
@@ -22,32 +23,11 @@ if TYPE_CHECKING:
 __all__ = ["get_custom_reward_fn", "load_reward_manager", "compute_reward", "extract_reward"]
 
 
-def _get(node, key: str, default=None):
-    if node is None:
-        return default
-    try:
-        value = node.get(key, default)
-    except AttributeError:
-        value = getattr(node, key, default)
-    return default if value is None else value
-
-
-def _plain(value):
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, DictConfig | ListConfig):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return value
-
-
 def _custom_fn_section(config):
-    newer = _get(_get(config, "reward"), "custom_reward_function")
-    if _get(newer, "path"):
+    newer = cfg_get(cfg_get(config, "reward"), "custom_reward_function")
+    if cfg_get(newer, "path"):
         return newer, "reward.custom_reward_function"
-    return _get(config, "custom_reward_function"), "custom_reward_function"
+    return cfg_get(config, "custom_reward_function"), "custom_reward_function"
 
 
 def _merge_kwargs_call(raw_fn, fixed_kwargs, *args, **kwargs):
@@ -67,16 +47,16 @@ def get_custom_reward_fn(config):
         AttributeError: the file has no function of the configured name.
     """
     section, where = _custom_fn_section(config)
-    path = _get(section, "path")
+    path = cfg_get(section, "path")
     if not path:
         return None
-    name = _get(section, "name", "compute_score")
+    name = cfg_get(section, "name", "compute_score")
     from verl.utils.dataset.rl_dataset import _load_object_from_path
 
     raw_fn = _load_object_from_path(path, name, f"{where} (path={path!r}, name={name!r})")
     if not callable(raw_fn):
         raise TypeError(f"{where}: {name!r} in {path!r} is a {type(raw_fn).__name__}, not a function")
-    fixed_kwargs = dict(_plain(_get(section, "reward_kwargs", {})))
+    fixed_kwargs = dict(to_plain(cfg_get(section, "reward_kwargs", {})))
     wrapper = _merge_kwargs_call_async if inspect.iscoroutinefunction(raw_fn) else _merge_kwargs_call
     fn = functools.partial(wrapper, raw_fn, fixed_kwargs)
     fn.__qualname__ = f"{name} (from {path})"  # error messages of reward managers name the user function
@@ -86,12 +66,12 @@ def get_custom_reward_fn(config):
 def _manager_cls(config):
     from verl.workers.reward_manager import get_reward_manager_cls
 
-    section = _get(_get(config, "reward"), "reward_manager")
+    section = cfg_get(cfg_get(config, "reward"), "reward_manager")
     if section is not None and not isinstance(section, str):
-        name = _get(section, "name", "naive")
-        source = _get(section, "source", "register")
+        name = cfg_get(section, "name", "naive")
+        source = cfg_get(section, "source", "register")
         if source == "importlib":
-            module_path = _get(_get(section, "module"), "path")
+            module_path = cfg_get(cfg_get(section, "module"), "path")
             if not module_path:
                 raise ValueError("reward.reward_manager.source='importlib' needs reward.reward_manager.module.path")
             from verl.utils.dataset.rl_dataset import _load_object_from_path
@@ -100,7 +80,7 @@ def _manager_cls(config):
         if source != "register":
             raise ValueError(f"reward.reward_manager.source={source!r} is not supported; use 'register' or 'importlib'")
         return get_reward_manager_cls(name)
-    name = section if isinstance(section, str) else _get(_get(config, "reward_model"), "reward_manager", "naive")
+    name = section if isinstance(section, str) else cfg_get(cfg_get(config, "reward_model"), "reward_manager", "naive")
     return get_reward_manager_cls(name)
 
 
@@ -108,7 +88,7 @@ def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs: An
     """Instantiate the configured reward manager with the custom (or default) scoring function."""
     manager_cls = _manager_cls(config)
     compute_score = get_custom_reward_fn(config) or get_default_compute_score(getattr(manager_cls, "__name__", None))
-    reward_fn_key = _get(_get(config, "data"), "reward_fn_key", "data_source")
+    reward_fn_key = cfg_get(cfg_get(config, "data"), "reward_fn_key", "data_source")
     return manager_cls(
         tokenizer=tokenizer,
         num_examine=num_examine,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from typing import Optional
 
@@ -27,12 +26,13 @@ from verl.trainer.sft.batches import (
     split_for_rank,
 )
 from verl.trainer.sft.loss import make_sft_loss, token_nll_sum
+from verl.utils.checkpoint import step_dirs as ckpt_dirs
+from verl.utils.checkpoint.step_dirs import LATEST_FILE  # noqa: F401 (its public name here)
 from verl.utils.py_functional import CheckError
 from verl.utils.user_errors import DeferredRowErrors, GuardedDataset, UserFacingError, guard, raise_row_failures
 
 logger = logging.getLogger(__name__)
 
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "sft_state.json"
 BUDGET_KEY = "data.max_token_len_per_gpu"  # named by the engine's dynamic-batch errors (meta max_token_len_key)
 _DATA_HINT = ("The files are data.train_files / data.val_files, the columns data.messages_key, data.tools_key, "
@@ -74,7 +74,7 @@ class SFTTrainer:
         self.tokenizer, self.processor = load_tokenizer_and_processor(self.config.model, section="model")
 
     def _build_datasets(self) -> None:
-        from verl.trainer.sft_trainer import create_sft_dataset
+        from verl.trainer.sft.dataset import create_sft_dataset
 
         d = self.config.data
         # Reading the files (and, for the built-in dataset, checking every row's structure) happens here; a
@@ -122,28 +122,15 @@ class SFTTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _ckpt_root(self) -> str:
-        return os.path.abspath(os.path.expanduser(self.config.trainer.default_local_dir))
+        return ckpt_dirs.checkpoint_root(self.config.trainer.default_local_dir)
 
     def _resume_dir(self) -> Optional[str]:
-        t = self.config.trainer
-        if t.resume_mode == "disable":
-            return None
-        if t.resume_mode == "resume_path":
-            path = t.get("resume_from_path")
-            if not path or not os.path.basename(os.path.normpath(str(path))).startswith("global_step_"):
-                raise UserFacingError("Config", "trainer.resume_mode=resume_path needs trainer.resume_from_path "
-                                      f"pointing at a .../global_step_N directory (got {path!r})")
-            path = os.path.abspath(os.path.expanduser(str(path)))
-            if not os.path.isdir(path):
-                raise UserFacingError("Config", f"trainer.resume_from_path={path} does not exist",
-                                      "Point it at a checkpoint directory of an earlier run, or set "
-                                      "trainer.resume_mode=auto or disable.")
-            return path
-        marker = os.path.join(self._ckpt_root(), LATEST_FILE)
-        if not os.path.exists(marker):
-            return None
-        with open(marker) as f:
-            return os.path.join(self._ckpt_root(), f"global_step_{int(f.read().strip())}")
+        path = ckpt_dirs.resume_dir(self.config.trainer, error=lambda msg: UserFacingError("Config", msg))
+        if path is not None and self.config.trainer.resume_mode == "resume_path" and not os.path.isdir(path):
+            raise UserFacingError("Config", f"trainer.resume_from_path={path} does not exist",
+                                  "Point it at a checkpoint directory of an earlier run, or set "
+                                  "trainer.resume_mode=auto or disable.")
+        return path
 
     def load_checkpoint(self) -> dict:
         """Restore the engine and the data position; returns the trainer state (zeros for a fresh start)."""
@@ -160,7 +147,7 @@ class SFTTrainer:
 
     def save_checkpoint(self, state: dict) -> str:
         root = self._ckpt_root()
-        path = os.path.join(root, f"global_step_{state['global_step']}")
+        path = ckpt_dirs.step_dir(root, state["global_step"])
         self.engine.save_checkpoint(path, global_step=state["global_step"])
         if self.rank == 0:
             os.makedirs(path, exist_ok=True)
@@ -170,21 +157,13 @@ class SFTTrainer:
             dist.barrier()
         if self.rank == 0:
             # The marker moves only once every rank's part is on disk.
-            tmp = os.path.join(root, LATEST_FILE + ".tmp")
-            with open(tmp, "w") as f:
-                f.write(str(state["global_step"]))
-            os.replace(tmp, os.path.join(root, LATEST_FILE))
+            ckpt_dirs.mark_latest(root, state["global_step"])
             self._prune(root)
         return path
 
     def _prune(self, root: str) -> None:
-        keep = self.config.trainer.get("max_ckpt_to_keep")
-        if not keep or keep <= 0:
-            return
-        steps = sorted(int(d.rsplit("_", 1)[-1]) for d in os.listdir(root)
-                       if d.startswith("global_step_") and d.rsplit("_", 1)[-1].isdigit())
-        for s in steps[:-keep]:
-            shutil.rmtree(os.path.join(root, f"global_step_{s}"), ignore_errors=True)
+        # SFT's key is trainer.max_ckpt_to_keep (PPO's: max_actor_ckpt_to_keep); the rule is the shared one.
+        ckpt_dirs.prune_steps(root, self.config.trainer.get("max_ckpt_to_keep"))
 
     # ------------------------------------------------------------------ steps
     def _all_sum(self, *values: float) -> list[float]:

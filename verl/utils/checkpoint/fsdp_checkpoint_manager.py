@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -46,6 +48,32 @@ def _to_local(obj):
     return obj
 
 
+@dataclass(frozen=True)
+class AdapterIO:
+    """How a PEFT-wrapped model's checkpoint is written: the adapter directory's name, the adapter writer
+    ``save(model, path)`` and the merged-weights stream ``merged_weights(model) -> (name, tensor)``. LoRA is the
+    role's concern (:mod:`verl.workers.lora` registers its functions when imported, which every PEFT model built
+    here went through); this module only calls them."""
+
+    dir_name: str
+    save: Callable
+    merged_weights: Callable
+
+
+_ADAPTER_IO: list[AdapterIO] = []
+
+
+def register_adapter_io(io: AdapterIO) -> None:
+    _ADAPTER_IO[:] = [io]
+
+
+def _adapter_io() -> AdapterIO:
+    if not _ADAPTER_IO:
+        raise RuntimeError("a PEFT model is being checkpointed but no adapter writer is registered "
+                           "(verl.workers.lora registers it on import)")
+    return _ADAPTER_IO[0]
+
+
 class FSDPCheckpointManager:
     def __init__(self, model, optimizer=None, lr_scheduler=None, processing_class=None, checkpoint_config=None):
         self.model = model
@@ -77,15 +105,12 @@ class FSDPCheckpointManager:
         if lora:
             # PEFT adapter next to the shards, on every save: <local_path>/lora_adapter/adapter_config.json +
             # adapter_model.safetensors (collective gather; rank 0 writes).
-            from verl.workers.lora import ADAPTER_DIR_NAME, save_lora_adapter
-
-            save_lora_adapter(self.model, os.path.join(local_path, ADAPTER_DIR_NAME))
+            io = _adapter_io()
+            io.save(self.model, os.path.join(local_path, io.dir_name))
         full = None
         if "hf_model" in self.save_contents:
             if lora:  # a plain HF model: the adapter merged into the base weights
-                from verl.workers.lora import iter_merged_weights
-
-                full = {k: v.detach().cpu() for k, v in iter_merged_weights(self.model)}
+                full = {k: v.detach().cpu() for k, v in _adapter_io().merged_weights(self.model)}
                 full = full if rank == 0 else None
             else:
                 full = full_state_dict(self.model)

@@ -36,7 +36,8 @@ from jinja2.exceptions import TemplateError
 from torch.utils.data import Dataset
 
 from verl.utils.chat_template import apply_chat_template
-from verl.utils.dataset.rl_dataset import _cfg_get, _read_data_file, _to_container
+from verl.utils.config import cfg_get, to_plain
+from verl.utils.dataset.rl_dataset import _read_data_file
 from verl.utils.dataset.vision_utils import process_image, process_video
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class MultiTurnSFTDataset(Dataset):
     """
 
     def __init__(self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1, model_config=None):
-        files = _to_container(parquet_files)
+        files = to_plain(parquet_files)
         files = [files] if isinstance(files, str | os.PathLike) else list(files or [])
         if not files:
             raise ValueError("MultiTurnSFTDataset: no data files given (data.train_files / data.val_files)")
@@ -109,22 +110,22 @@ class MultiTurnSFTDataset(Dataset):
         self.config = config
         self.max_samples = int(max_samples)
 
-        self.messages_key = _cfg_get(config, "messages_key", "messages")
-        self.tools_key = _cfg_get(config, "tools_key", "tools")
-        self.enable_thinking_key = _cfg_get(config, "enable_thinking_key", "enable_thinking")
-        default = _cfg_get(config, "enable_thinking_default", None)
+        self.messages_key = cfg_get(config, "messages_key", "messages")
+        self.tools_key = cfg_get(config, "tools_key", "tools")
+        self.enable_thinking_key = cfg_get(config, "enable_thinking_key", "enable_thinking")
+        default = cfg_get(config, "enable_thinking_default", None)
         if isinstance(default, str):  # upstream's yaml spells "unset" as the string none
             if default.lower() not in ("none", "null", "true", "false"):
                 raise ValueError(f"data.enable_thinking_default={default!r}; use true, false or null")
             default = {"true": True, "false": False}.get(default.lower())
         self.enable_thinking_default = default
-        self.image_key = _cfg_get(config, "image_key", "images")
-        self.video_key = _cfg_get(config, "video_key", "videos")
-        self.pad_mode = _cfg_get(config, "pad_mode", "no_padding")
-        self.max_length = int(_cfg_get(config, "max_length", 1024))
-        self.truncation = _cfg_get(config, "truncation", "error")
-        self.ignore_input_ids_mismatch = bool(_cfg_get(config, "ignore_input_ids_mismatch", False))
-        self.template_kwargs = dict(_to_container(_cfg_get(config, "apply_chat_template_kwargs", {})) or {})
+        self.image_key = cfg_get(config, "image_key", "images")
+        self.video_key = cfg_get(config, "video_key", "videos")
+        self.pad_mode = cfg_get(config, "pad_mode", "no_padding")
+        self.max_length = int(cfg_get(config, "max_length", 1024))
+        self.truncation = cfg_get(config, "truncation", "error")
+        self.ignore_input_ids_mismatch = bool(cfg_get(config, "ignore_input_ids_mismatch", False))
+        self.template_kwargs = dict(to_plain(cfg_get(config, "apply_chat_template_kwargs", {})) or {})
         if self.pad_mode not in PAD_MODES:
             raise ValueError(f"data.pad_mode={self.pad_mode!r} is not supported; use one of {PAD_MODES}")
         if self.truncation not in TRUNCATION_MODES:
@@ -160,7 +161,7 @@ class MultiTurnSFTDataset(Dataset):
                 model_config = AutoConfig.from_pretrained(os.path.expanduser(os.fspath(path)))
         if model_config is None:
             return
-        from verl.models.rope_index import rope_indexer_from_config
+        from verl.utils.rope_index import rope_indexer_from_config
 
         self.rope_indexer = rope_indexer_from_config(model_config)
         if self.rope_indexer is not None:
@@ -191,7 +192,7 @@ class MultiTurnSFTDataset(Dataset):
     def __setstate__(self, state):
         self.__dict__.update(state)
         if self._model_config is not None:
-            from verl.models.rope_index import rope_indexer_from_config
+            from verl.utils.rope_index import rope_indexer_from_config
 
             self.rope_indexer = rope_indexer_from_config(self._model_config)
 
@@ -211,7 +212,7 @@ class MultiTurnSFTDataset(Dataset):
         if self.messages_key not in row or row[self.messages_key] is None:
             raise self._fail(index, f"no messages under data.messages_key={self.messages_key!r}; the row has "
                                     f"columns {sorted(k for k, v in row.items() if v is not None)}")
-        messages = _none_free(copy.deepcopy(_to_container(row[self.messages_key])))
+        messages = _none_free(copy.deepcopy(to_plain(row[self.messages_key])))
         if not isinstance(messages, list) or not messages:
             raise self._fail(index, f"{self.messages_key!r} must be a non-empty list of messages, got "
                                     f"{type(messages).__name__}")
@@ -314,7 +315,7 @@ class MultiTurnSFTDataset(Dataset):
                 tools = json.loads(tools)
             except json.JSONDecodeError as err:
                 raise self._fail(index, f"{self.tools_key!r} is a string but not valid JSON ({err.msg})") from err
-        tools = _none_free(_to_container(tools))
+        tools = _none_free(to_plain(tools))
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise self._fail(index, f"{self.tools_key!r} must be a list of tool schemas (dicts)")
         return tools or None
@@ -465,7 +466,7 @@ class MultiTurnSFTDataset(Dataset):
     def _position_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor, mm_inputs: dict) -> torch.Tensor:
         if self.rope_indexer is None:
             return (torch.cumsum(attention_mask, 0) - 1).clamp(min=0)
-        from verl.models.rope_index import compute_position_ids
+        from verl.utils.rope_index import compute_position_ids
 
         pos = compute_position_ids(ids.unsqueeze(0), attention_mask.unsqueeze(0), mm_inputs, self.rope_indexer,
                                    self.image_token_id, self.video_token_id)

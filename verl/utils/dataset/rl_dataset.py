@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from verl.utils.dataset.vision_utils import process_image, process_video
+from verl.utils.config import cfg_get, to_plain
 
 logger = logging.getLogger(__name__)
 
@@ -60,25 +61,6 @@ def collate_fn(data_list: list[dict]) -> dict:
             arr[i] = value
         batch[key] = arr
     return batch
-
-
-def _cfg_get(config, key: str, default=None):
-    if config is None:
-        return default
-    value = config.get(key, default)
-    return default if value is None and default is not None else value
-
-
-def _to_container(value):
-    """OmegaConf containers -> plain dict/list so they can be splatted into kwargs and pickled."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, DictConfig | ListConfig):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a hard dependency in practice
-        pass
-    return value
 
 
 def _render_chat(tokenizer_or_processor, messages: list[dict], **kwargs) -> str:
@@ -158,7 +140,7 @@ class RLHFDataset(Dataset):
     def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1, model_config=None):
         if isinstance(data_files, str | os.PathLike):
             data_files = [data_files]
-        data_files = [os.path.expanduser(os.fspath(f)) for f in _to_container(data_files)]
+        data_files = [os.path.expanduser(os.fspath(f)) for f in to_plain(data_files)]
         if not data_files:
             raise ValueError("RLHFDataset: no data files given")
         self.data_files = list(data_files)
@@ -168,22 +150,22 @@ class RLHFDataset(Dataset):
         self.max_samples = max_samples
         self.config = config
 
-        self.prompt_key = _cfg_get(config, "prompt_key", "prompt")
-        self.image_key = _cfg_get(config, "image_key", "images")
-        self.video_key = _cfg_get(config, "video_key", "videos")
-        self.max_prompt_length = int(_cfg_get(config, "max_prompt_length", 1024))
-        self.return_raw_chat = bool(_cfg_get(config, "return_raw_chat", True))
-        self.return_full_prompt = bool(_cfg_get(config, "return_full_prompt", False))
-        self.return_raw_input_ids = bool(_cfg_get(config, "return_raw_input_ids", False))
-        self.truncation = _cfg_get(config, "truncation", "error")
-        self.filter_overlong_prompts = bool(_cfg_get(config, "filter_overlong_prompts", True))
-        self.apply_chat_template_kwargs = dict(_to_container(_cfg_get(config, "apply_chat_template_kwargs", {})))
-        self.custom_chat_template = _cfg_get(config, "custom_chat_template", None)
-        self.need_tools_kwargs = bool(_cfg_get(config, "need_tools_kwargs", False))
-        self.return_multi_modal_inputs = bool(_cfg_get(config, "return_multi_modal_inputs", True))
-        self.image_patch_size = _cfg_get(config, "image_patch_size", 14)
-        self.shuffle = bool(_cfg_get(config, "shuffle", False))
-        self.seed = _cfg_get(config, "seed", None)
+        self.prompt_key = cfg_get(config, "prompt_key", "prompt")
+        self.image_key = cfg_get(config, "image_key", "images")
+        self.video_key = cfg_get(config, "video_key", "videos")
+        self.max_prompt_length = int(cfg_get(config, "max_prompt_length", 1024))
+        self.return_raw_chat = bool(cfg_get(config, "return_raw_chat", True))
+        self.return_full_prompt = bool(cfg_get(config, "return_full_prompt", False))
+        self.return_raw_input_ids = bool(cfg_get(config, "return_raw_input_ids", False))
+        self.truncation = cfg_get(config, "truncation", "error")
+        self.filter_overlong_prompts = bool(cfg_get(config, "filter_overlong_prompts", True))
+        self.apply_chat_template_kwargs = dict(to_plain(cfg_get(config, "apply_chat_template_kwargs", {})))
+        self.custom_chat_template = cfg_get(config, "custom_chat_template", None)
+        self.need_tools_kwargs = bool(cfg_get(config, "need_tools_kwargs", False))
+        self.return_multi_modal_inputs = bool(cfg_get(config, "return_multi_modal_inputs", True))
+        self.image_patch_size = cfg_get(config, "image_patch_size", 14)
+        self.shuffle = bool(cfg_get(config, "shuffle", False))
+        self.seed = cfg_get(config, "seed", None)
         self.serialize_dataset = False
 
         if self.truncation not in TRUNCATION_MODES:
@@ -224,7 +206,7 @@ class RLHFDataset(Dataset):
             if path and os.path.isfile(os.path.join(os.path.expanduser(os.fspath(path)), "config.json")):
                 from transformers import AutoConfig
 
-                trust = bool(_cfg_get(self.config, "trust_remote_code", False))
+                trust = bool(cfg_get(self.config, "trust_remote_code", False))
                 try:
                     model_config = AutoConfig.from_pretrained(os.path.expanduser(os.fspath(path)),
                                                               trust_remote_code=trust)
@@ -233,7 +215,7 @@ class RLHFDataset(Dataset):
                                    "get text position ids", path, err)
         if model_config is None:
             return
-        from verl.models.rope_index import rope_indexer_from_config
+        from verl.utils.rope_index import rope_indexer_from_config
 
         self.rope_indexer = rope_indexer_from_config(model_config)
         self._model_config = model_config if self.rope_indexer is not None else None  # rebuilt after unpickling
@@ -245,7 +227,7 @@ class RLHFDataset(Dataset):
         """``(L,)`` text positions, or ``(4, L)`` for mRoPE models (shared with the agent loop's helper)."""
         if self.rope_indexer is None:
             return torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0).long()
-        from verl.models.rope_index import compute_position_ids
+        from verl.utils.rope_index import compute_position_ids
 
         pos = compute_position_ids(input_ids.unsqueeze(0), attention_mask.unsqueeze(0), mm_inputs,
                                    self.rope_indexer, self.image_token_id, self.video_token_id)
@@ -324,7 +306,7 @@ class RLHFDataset(Dataset):
     def __setstate__(self, state):
         self.__dict__.update(state)
         if self.__dict__.get("_model_config") is not None:
-            from verl.models.rope_index import rope_indexer_from_config
+            from verl.utils.rope_index import rope_indexer_from_config
 
             self.rope_indexer = rope_indexer_from_config(self._model_config)
 
@@ -344,7 +326,7 @@ class RLHFDataset(Dataset):
                 f"RLHFDataset: {self._where(origin)} has no prompt under data.prompt_key={key!r}; "
                 f"the row has keys {present}. Set data.prompt_key to the column holding the chat messages"
             )
-        messages = _to_container(example[key])
+        messages = to_plain(example[key])
         if isinstance(messages, np.ndarray):
             messages = messages.tolist()
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
@@ -525,7 +507,7 @@ def _load_object_from_path(path: str, name: str, what: str):
 
 def get_dataset_class(data_config):
     """``data.custom_cls.{path,name}`` when set (must subclass torch Dataset), else :class:`RLHFDataset`."""
-    custom = _cfg_get(data_config, "custom_cls", None)
+    custom = cfg_get(data_config, "custom_cls", None)
     if custom is not None and custom.get("path"):
         if not custom.get("name"):
             raise ValueError("data.custom_cls.path is set but data.custom_cls.name is empty; name the dataset class")
@@ -562,10 +544,10 @@ def create_rl_sampler(data_config, dataset):
     """
     from torch.utils.data import SequentialSampler
 
-    if not _cfg_get(data_config, "shuffle", False):
+    if not cfg_get(data_config, "shuffle", False):
         return SequentialSampler(data_source=dataset)
     generator = torch.Generator()  # unseeded generators start from torch's fixed default seed
-    seed = _cfg_get(data_config, "seed", None)
+    seed = cfg_get(data_config, "seed", None)
     if seed is not None:
         generator.manual_seed(int(seed))
     try:

@@ -28,6 +28,8 @@ from typing import Optional
 
 import torch
 
+from verl.utils.kernel.matmul import accumulate_mm
+
 __all__ = [
     "FusedLinearForPPO",
     "LinearLogProbEntropy",
@@ -67,26 +69,6 @@ def _logits_fp32(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         except (RuntimeError, TypeError):  # older torch without the dtype overload
             pass
     return h.float() @ weight.float().t()
-
-
-def _accumulate_mm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``acc += a @ b`` with ``acc`` fp32 and ``a``/``b`` possibly bf16/fp16."""
-    if a.dtype == torch.float32:
-        acc.addmm_(a, b)
-        return
-    if acc.is_cuda:
-        try:
-            # In-place, fp32 output from half inputs: no (V, H) temporary.
-            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-            return
-        except (RuntimeError, TypeError):  # no dtype_out overload: fp32 temporary instead
-            pass
-        try:
-            acc.add_(torch.mm(a, b, out_dtype=torch.float32))
-        except (RuntimeError, TypeError):
-            acc.add_((a @ b).float())
-        return
-    acc.addmm_(a.float(), b.float())
 
 
 def _chunk_stats(z: torch.Tensor, labels: torch.Tensor):
@@ -166,7 +148,7 @@ class LinearLogProbEntropy(torch.autograd.Function):
             if need_h:
                 grad_h[s:e] = dz @ weight
             if need_w:
-                _accumulate_mm(grad_w, dz.t(), h_c)
+                accumulate_mm(grad_w, dz.t(), h_c)
             del dz
         if need_w and grad_w.dtype != weight.dtype:
             grad_w = grad_w.to(weight.dtype)

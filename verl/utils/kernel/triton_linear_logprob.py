@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from verl.utils.kernel.linear_logprob import _accumulate_mm
+from verl.utils.kernel.matmul import accumulate_mm
 
 __all__ = ["TritonLinearLogProbEntropy", "triton_linear_log_prob_entropy"]
 
@@ -253,7 +253,7 @@ class TritonLinearLogProbEntropy(torch.autograd.Function):
             if need_h:
                 torch.mm(dz, weight, out=grad_h[s:e])
             if need_w:
-                _accumulate_mm(grad_w, dz.t(), h_c)
+                accumulate_mm(grad_w, dz.t(), h_c)
             del dz
         if need_w and grad_w.dtype != weight.dtype:
             grad_w = grad_w.to(weight.dtype)

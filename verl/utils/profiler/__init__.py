@@ -2,7 +2,7 @@
 
 * :mod:`.config`: reading and checking the keys (validation calls :func:`check_profiler_config`);
 * :mod:`.trainer_hook`: :class:`StepProfiler`, the trainer's ``with profiler.step(n):``;
-* :mod:`.worker`: the ``start_profile`` / ``stop_profile`` methods every worker has;
+* :mod:`verl.single_controller.profiler_worker`: the ``start_profile`` / ``stop_profile`` methods every worker has;
 * :mod:`.torch_profile`: the torch.profiler recorder that writes Chrome traces under the save path.
 """
 

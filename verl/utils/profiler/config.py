@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from verl.utils.config import to_plain
+
 __all__ = ["BUILT_TOOLS", "WorkerProfileSpec", "ProfilePlan", "check_profiler_config"]
 
 BUILT_TOOLS = ("torch",)
@@ -31,9 +33,9 @@ GROUP_ROLES = {
 }
 
 
-def _get(cfg, key: str, default=None):
-    value = OmegaConf.select(cfg, key, default=default)
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+def _select(cfg, key: str, default=None):
+    """A dotted ``key`` (``"global_profiler.tool"``): a path, which :func:`verl.utils.config.cfg_get` does not walk."""
+    return to_plain(OmegaConf.select(cfg, key, default=default))
 
 
 @dataclasses.dataclass
@@ -59,26 +61,26 @@ class ProfilePlan:
 
     @classmethod
     def from_config(cls, cfg) -> "ProfilePlan":
-        tool = _get(cfg, "global_profiler.tool")
-        steps = [int(s) for s in (_get(cfg, "global_profiler.steps") or [])]
-        continuous = bool(_get(cfg, "global_profiler.profile_continuous_steps", False))
-        default_path = _get(cfg, "global_profiler.save_path") or "outputs/profile"
+        tool = _select(cfg, "global_profiler.tool")
+        steps = [int(s) for s in (_select(cfg, "global_profiler.steps") or [])]
+        continuous = bool(_select(cfg, "global_profiler.profile_continuous_steps", False))
+        default_path = _select(cfg, "global_profiler.save_path") or "outputs/profile"
         workers = {}
         for group, sections in GROUP_ROLES.items():
-            enabled = [s for s in sections if _get(cfg, f"{s}.profiler.enable", False)]
+            enabled = [s for s in sections if _select(cfg, f"{s}.profiler.enable", False)]
             if not enabled:
                 continue
             ranks: set[int] = set()
             contents: list[str] = []
             for s in enabled:
-                ranks.update(int(r) for r in (_get(cfg, f"{s}.profiler.ranks") or []))
-                for item in _get(cfg, f"{s}.profiler.tool_config.torch.contents") or []:
+                ranks.update(int(r) for r in (_select(cfg, f"{s}.profiler.ranks") or []))
+                for item in _select(cfg, f"{s}.profiler.tool_config.torch.contents") or []:
                     if item not in contents:
                         contents.append(item)
             workers[group] = WorkerProfileSpec(
                 group=group,
-                save_path=str(_get(cfg, f"{enabled[0]}.profiler.save_path") or default_path),
-                all_ranks=any(_get(cfg, f"{s}.profiler.all_ranks", False) for s in enabled),
+                save_path=str(_select(cfg, f"{enabled[0]}.profiler.save_path") or default_path),
+                all_ranks=any(_select(cfg, f"{s}.profiler.all_ranks", False) for s in enabled),
                 ranks=sorted(ranks),
                 contents=contents,
             )
@@ -101,11 +103,11 @@ def _tool_problem(key: str, tool: Any) -> Optional[str]:
 def check_profiler_config(cfg) -> list[str]:
     """One message per problem in the profiler keys (validation collects them)."""
     problems: list[str] = []
-    tool = _get(cfg, "global_profiler.tool")
+    tool = _select(cfg, "global_profiler.tool")
     msg = _tool_problem("global_profiler.tool", tool)
     if msg:
         problems.append(msg)
-    steps = _get(cfg, "global_profiler.steps")
+    steps = _select(cfg, "global_profiler.steps")
     if steps is not None and (not isinstance(steps, list)
                               or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in steps)):
         problems.append(f"`global_profiler.steps` is {steps!r}; give a list of global steps (from 1), e.g. [2,5].")
@@ -114,7 +116,7 @@ def check_profiler_config(cfg) -> list[str]:
         for s in sections:
             if OmegaConf.select(cfg, f"{s}.profiler", default=None) is None:
                 continue
-            role_tool = _get(cfg, f"{s}.profiler.tool")
+            role_tool = _select(cfg, f"{s}.profiler.tool")
             if role_tool != tool:
                 msg = _tool_problem(f"{s}.profiler.tool", role_tool)
                 if msg:
@@ -122,23 +124,23 @@ def check_profiler_config(cfg) -> list[str]:
                 elif role_tool is not None:
                     problems.append(f"`{s}.profiler.tool` is {role_tool!r} but global_profiler.tool is {tool!r}; "
                                     "set the tool once, in global_profiler.tool.")
-            if not _get(cfg, f"{s}.profiler.enable", False):
+            if not _select(cfg, f"{s}.profiler.enable", False):
                 continue
             any_enabled = True
             torch_cfg = f"{s}.profiler.tool_config.torch"
-            contents = _get(cfg, f"{torch_cfg}.contents") or []
+            contents = _select(cfg, f"{torch_cfg}.contents") or []
             bad = [c for c in contents if c not in TORCH_CONTENTS]
             if bad:
                 problems.append(f"`{torch_cfg}.contents` has {bad}; allowed: {', '.join(TORCH_CONTENTS)}.")
-            if _get(cfg, f"{torch_cfg}.discrete", False):
+            if _select(cfg, f"{torch_cfg}.discrete", False):
                 problems.append(f"`{torch_cfg}.discrete` is true (one trace per task), which is not built here; "
                                 "set it to false for one trace per step.")
-            schedule = _get(cfg, f"{torch_cfg}.schedule") or {}
+            schedule = _select(cfg, f"{torch_cfg}.schedule") or {}
             if any(v for v in schedule.values()):
                 problems.append(f"`{torch_cfg}.schedule` is {schedule}; an in-step torch.profiler schedule is "
                                 "not built here: choose steps with global_profiler.steps and leave it all 0.")
-            ranks = _get(cfg, f"{s}.profiler.ranks") or []
-            if not _get(cfg, f"{s}.profiler.all_ranks", False) and not ranks:
+            ranks = _select(cfg, f"{s}.profiler.ranks") or []
+            if not _select(cfg, f"{s}.profiler.all_ranks", False) and not ranks:
                 problems.append(f"`{s}.profiler.enable` is true but no rank is chosen; set "
                                 f"{s}.profiler.all_ranks=true or {s}.profiler.ranks=[0].")
     if any_enabled and tool is None:

@@ -49,10 +49,10 @@ def check_vllm_version(vllm_version: str, hf_config=None) -> None:
         )
     if hf_config is None:
         return
-    from verl.models.registry import get_model_spec
+    from verl.utils.model_specs import model_spec_of
 
-    spec = get_model_spec(hf_config)
-    if spec.min_vllm_ascend and v < _version(spec.min_vllm_ascend):
+    spec = model_spec_of(hf_config)
+    if spec is not None and spec.min_vllm_ascend and v < _version(spec.min_vllm_ascend):
         raise UnsupportedVllmVersion(
             f"{spec.architecture} on Ascend needs vllm>={spec.min_vllm_ascend} (with the matching vllm-ascend); "
             f"found vllm {vllm_version}."

@@ -144,7 +144,7 @@ class LoadedNames:
     they loaded); ``loaded.reported`` is False when the loader returned nothing usable.
 
     ``loader``: a registered custom loader ``(actor_weights: dict, model) -> model`` (see
-    :mod:`verl.models.weight_loader_registry`) that runs *instead of* the model's own ``load_weights``; the
+    :mod:`verl.models.dtensor_weight_loader`) that runs *instead of* the model's own ``load_weights``; the
     names it loaded are those whose ``param.weight_loader`` it called.
     """
 

@@ -1,8 +1,16 @@
 """Training engines behind one interface (see :mod:`verl.workers.engine.base`)."""
 
 from .base import BaseEngine, EngineRegistry, LossFn, accumulate_metrics, response_slice
+from .sections import ENGINE_SECTIONS, EngineSections
 
+# One registration per engine: its class, and where its settings live in a role section.
 EngineRegistry.register("fsdp2", "verl.workers.engine.fsdp.FSDPEngine")
+ENGINE_SECTIONS.register("fsdp2", EngineSections(engine_keys=("fsdp_config", "fsdp", "model.fsdp_config"),
+                                                 replica_keys=("ulysses_sequence_parallel_size",)))
 EngineRegistry.register("megatron", "verl.workers.engine.megatron.MegatronEngine")
+ENGINE_SECTIONS.register("megatron", EngineSections(
+    engine_keys=("megatron",),
+    replica_keys=tuple(f"megatron.{k}_parallel_size" for k in ("tensor_model", "pipeline_model", "context"))))
 
-__all__ = ["BaseEngine", "EngineRegistry", "LossFn", "accumulate_metrics", "response_slice"]
+__all__ = ["BaseEngine", "ENGINE_SECTIONS", "EngineRegistry", "EngineSections", "LossFn", "accumulate_metrics",
+           "response_slice"]

@@ -35,6 +35,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.registry import Registry
+from verl.workers.engine.role import EngineRole, engine_role
 
 LossFn = Callable[[dict, dict], "tuple[torch.Tensor, dict[str, float]]"]
 
@@ -75,6 +76,11 @@ class BaseEngine(ABC):
         self.optimizer_config = optimizer_config
         self.checkpoint_config = checkpoint_config
         self.role = role
+
+    @property
+    def role_spec(self) -> EngineRole:
+        """What the role asks of the engine (output head, loss output, trainable): :mod:`verl.workers.engine.role`."""
+        return engine_role(self.role)
 
     # ---------------------------------------------------------------- life cycle
     @abstractmethod

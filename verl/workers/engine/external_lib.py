@@ -2,7 +2,7 @@
 
 Such a module registers what a custom model needs with the libraries that build it: its config and model
 classes with transformers' Auto classes, its rollout weight loader with
-:mod:`verl.models.weight_loader_registry`. Every process that builds a model or a rollout engine imports it
+:mod:`verl.models.dtensor_weight_loader`. Every process that builds a model or a rollout engine imports it
 first: the FSDP and Megatron engines (trainer workers) and the vLLM rollout server process, which does not
 inherit the trainer's imports (it is spawned).
 """

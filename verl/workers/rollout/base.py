@@ -55,6 +55,10 @@ class GenerationRequest:
 class BaseRollout(ABC):
     """A generation engine. Constructed on the worker that owns the actor (colocated hybrid engine)."""
 
+    #: True for engines that generate with the actor's own module (built with ``module=``, no weight copies: the
+    #: worker hands them the actor engine's ``hf_rollout_module()`` and syncs that module instead of streaming).
+    generates_with_training_module: bool = False
+
     @abstractmethod
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[GenerationOutput]]:
         """Sample ``params.n`` continuations for each request; returns one list of outputs per request."""

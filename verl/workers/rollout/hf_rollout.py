@@ -9,17 +9,21 @@ full-attention layers see the same positions as in training).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Iterable
 
 import torch
 import torch.distributed as dist
 
-from verl.models.registry import SUPPORTED_ARCHITECTURES, get_model_spec
 from verl.utils.fsdp_utils import gathered_for_inference
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, GenerationRequest, SamplingParams
+from verl.workers.rollout.hf_engine.runner import runner_class
+from verl.workers.rollout.vision_tokens import expand_vision_tokens, vision_placeholder_ids
 
 
 class HFRollout(BaseRollout):
+    generates_with_training_module = True
+
     def __init__(self, config, model_config, tokenizer, module: torch.nn.Module = None, processor=None):
         if module is None:
             raise ValueError("the hf rollout engine generates with the actor's module; none was given")
@@ -28,9 +32,12 @@ class HFRollout(BaseRollout):
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.micro_batch_size = int(config.get("micro_batch_size") or 0) or None
-        spec = get_model_spec(module.config)
-        # The own decode loop knows the Qwen3.5 layer wiring; everything else goes through `generate`.
-        self.decode_engine = spec.architecture in SUPPORTED_ARCHITECTURES and spec.has_linear_attention
+        # The decode engine runs models whose spec names a decode runner; everything else goes through `generate`.
+        self.decode_engine = runner_class(module.config) is not None
+        if not self.decode_engine:
+            arch = (getattr(module.config, "architectures", None) or [type(module).__name__])[0]
+            warnings.warn(f"no hf-engine decode runner for {arch} (its model spec names none): the hf rollout "
+                          "generates with module.generate (no slot batching or CUDA graphs)", stacklevel=2)
         self.last_stats: dict = {}
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], **kwargs) -> None:
@@ -55,7 +62,7 @@ class HFRollout(BaseRollout):
 
     def _generate_batch(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         device = next(self.module.parameters()).device
-        prompts = [_expand_vision_tokens(r, self.module.config) for r in requests]
+        prompts = [expand_vision_tokens(r, self.module.config) for r in requests]
         max_len = max(len(p) for p in prompts)
         bsz = len(requests)
         input_ids = torch.full((bsz, max_len), self.pad_token_id, dtype=torch.long)
@@ -81,7 +88,7 @@ class HFRollout(BaseRollout):
             use_cache=True,
             synced_gpus=dist.is_initialized() and dist.get_world_size() > 1,
         )
-        suppress = _vision_placeholder_ids(self.module.config)
+        suppress = vision_placeholder_ids(self.module.config)
         if suppress:
             # A sampled <|image_pad|> would be a placeholder without pixels in the training forward.
             gen_kwargs["suppress_tokens"] = suppress
@@ -135,39 +142,6 @@ def _merge_processor_outputs(requests: list[GenerationRequest]) -> dict:
     return {k: torch.cat([o[k] for o in outs if k in o], dim=0) for k in outs[0]}
 
 
-def _expand_vision_tokens(request: GenerationRequest, config) -> list[int]:
-    """The request's prompt ids with one ``<|image_pad|>`` per image grown to that image's token count.
-
-    Dataset rows hand engines the prompt before vision-token expansion (``raw_prompt_ids``, which vLLM expands
-    itself); HF ``generate`` needs it expanded to match ``pixel_values``. Already expanded prompts (agent loops)
-    pass through unchanged.
-    """
-    ids = list(request.prompt_token_ids)
-    outs = (request.multi_modal_data or {}).get("processor_outputs") or {}
-    grid = outs.get("image_grid_thw")
-    image_id = getattr(config, "image_token_id", None)
-    if grid is None or image_id is None:
-        return ids
-    merge = config.vision_config.spatial_merge_size
-    counts = [int(n) for n in (torch.as_tensor(grid).prod(-1) // (merge * merge)).tolist()]
-    found = sum(t == image_id for t in ids)
-    if found == sum(counts):
-        return ids
-    if found != len(counts):
-        raise ValueError(
-            f"prompt has {found} image tokens, but its {len(counts)} images need {len(counts)} (one per image, "
-            f"unexpanded) or {sum(counts)} (expanded)"
-        )
-    expanded, k = [], 0
-    for t in ids:
-        if t == image_id:
-            expanded.extend([image_id] * counts[k])
-            k += 1
-        else:
-            expanded.append(t)
-    return expanded
-
-
 def _mm_token_type_ids(input_ids: torch.Tensor, config) -> torch.Tensor:
     types = torch.zeros_like(input_ids, dtype=torch.int)
     for value, name in ((1, "image_token_id"), (2, "video_token_id")):
@@ -188,8 +162,3 @@ def _prepare_fsdp_root_for_vision(module: torch.nn.Module) -> None:
         return
     module._get_fsdp_state()._lazy_init()  # no-op once the root has run a forward
     module.unshard()
-
-
-def _vision_placeholder_ids(config) -> list[int]:
-    return [t for t in (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))
-            if t is not None]

@@ -2,7 +2,7 @@
 
 The worker calls, after each actor update::
 
-    layout = Qwen35Layout.from_hf_config(hf_config)
+    layout = get_model_spec(hf_config).resolve("weight_sync_layout").from_hf_config(hf_config)
     rollout.update_weights(iter_hf_weights(actor_module, bucket_megabytes=..., layered=..., dtype=...))
 
 and the engine checks the result with :func:`check_coverage`.
@@ -12,7 +12,7 @@ from .coverage import WeightCoverageError, check_coverage, check_loader_coverage
 from .gather import full_tensor, iter_hf_weight_buckets, iter_hf_weights
 from .lora import check_engine_lora_targets, check_lora_config, engine_lora_module, write_lora_adapter
 from .names import (
-    Qwen35Layout,
+    EngineLayout,
     engine_targets,
     expand_fused_experts,
     expected_engine_names,
@@ -22,7 +22,7 @@ from .names import (
 )
 
 __all__ = [
-    "Qwen35Layout",
+    "EngineLayout",
     "WeightCoverageError",
     "check_coverage",
     "check_loader_coverage",

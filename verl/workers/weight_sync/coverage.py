@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Iterable, Optional
 
-from .names import Qwen35Layout, engine_targets, required_shards
+from .names import EngineLayout, engine_targets, required_shards
 
 
 class WeightCoverageError(RuntimeError):
@@ -43,7 +43,7 @@ def _head(names, n: int = 20) -> str:
 def check_coverage(
     engine_param_names: Iterable[str],
     written_names: Iterable[str],
-    layout: Optional[Qwen35Layout] = None,
+    layout: Optional[EngineLayout] = None,
 ) -> None:
     """Raise :class:`WeightCoverageError` unless every engine parameter was written exactly once.
 

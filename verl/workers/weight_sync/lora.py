@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 import torch
 
-from .names import PEFT_PREFIX, Qwen35Layout, engine_targets
+from .names import PEFT_PREFIX, EngineLayout, engine_targets
 
 _ADAPTER_NAME = "adapter_model.safetensors"
 _CONFIG_NAME = "adapter_config.json"
@@ -43,7 +43,7 @@ def peft_config_dict(peft_config: Any) -> dict:
     return cfg
 
 
-def check_lora_config(peft_config: Any, layout: Optional[Qwen35Layout] = None) -> dict:
+def check_lora_config(peft_config: Any, layout: Optional[EngineLayout] = None) -> dict:
     """Validate what the rollout engine can serve; returns the config dict.
 
     PEFT ``target_parameters`` (LoRA on fused MoE expert tensors) is refused: under PEFT + transformers 5 it
@@ -98,7 +98,7 @@ def adapted_modules(tensor_names: Iterable[str]) -> set[str]:
     return out
 
 
-def engine_lora_module(hf_module: str, layout: Qwen35Layout) -> tuple[str, Any]:
+def engine_lora_module(hf_module: str, layout: EngineLayout) -> tuple[str, Any]:
     """Engine module (and slice of it) that serves a LoRA on HF module ``hf_module``.
 
     ``model.layers.3.self_attn.k_proj`` -> (``model.layers.3.self_attn.qkv_proj``, ``"k"``): the engine runs
@@ -115,7 +115,7 @@ def engine_lora_module(hf_module: str, layout: Qwen35Layout) -> tuple[str, Any]:
 
 
 def check_engine_lora_targets(
-    tensor_names: Iterable[str], layout: Qwen35Layout, engine_modules: Optional[Iterable[str]] = None
+    tensor_names: Iterable[str], layout: EngineLayout, engine_modules: Optional[Iterable[str]] = None
 ) -> dict[str, tuple[str, Any]]:
     """Map every adapted HF module to its engine module; with ``engine_modules``, require they exist."""
     mapping = {m: engine_lora_module(m, layout) for m in sorted(adapted_modules(tensor_names))}

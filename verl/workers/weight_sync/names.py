@@ -1,4 +1,4 @@
-"""Parameter names between the trainer's HF module and a rollout engine's model, for Qwen3.5.
+"""Parameter names between the trainer's HF module and a rollout engine's model.
 
 Three name spaces meet when weights move from the actor to the rollout engine:
 
@@ -40,8 +40,13 @@ def strip_wrapper_names(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Qwen35Layout:
+class EngineLayout:
     """What the engine's model looks like, derived from the HF config (see :meth:`from_hf_config`).
+
+    The fusions every vLLM decoder has (q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``, routed experts
+    into ``w13_weight`` / ``w2_weight``) are here; an architecture with more (Qwen3.5's Gated DeltaNet input
+    projections) subclasses it in its package and extends :attr:`stacked` / :attr:`required`, and its model spec
+    names the subclass (``ModelSpec.weight_sync_layout``).
 
     ``vl``: the checkpoint is a vision-language one (``model.language_model.*`` / ``model.visual.*``).
     ``language_model_only``: the engine was built without the vision tower (text rollouts of a VL checkpoint),
@@ -79,7 +84,24 @@ class Qwen35Layout:
             expert_format=expert_format,
         )
 
-    def matching_engine(self, engine_param_names: Iterable[str]) -> "Qwen35Layout":
+    # (HF leaf inside a decoder layer, engine leaf, shard id), and the shards each fused engine leaf must receive
+    # (experts are handled separately: they depend on E).
+    stacked = (
+        ("self_attn.q_proj.weight", "self_attn.qkv_proj.weight", "q"),
+        ("self_attn.k_proj.weight", "self_attn.qkv_proj.weight", "k"),
+        ("self_attn.v_proj.weight", "self_attn.qkv_proj.weight", "v"),
+        ("shared_expert.gate_proj.weight", "shared_expert.gate_up_proj.weight", 0),
+        ("shared_expert.up_proj.weight", "shared_expert.gate_up_proj.weight", 1),
+        ("mlp.gate_proj.weight", "mlp.gate_up_proj.weight", 0),
+        ("mlp.up_proj.weight", "mlp.gate_up_proj.weight", 1),
+    )
+    required = (
+        ("self_attn.qkv_proj.weight", frozenset({"q", "k", "v"})),
+        ("shared_expert.gate_up_proj.weight", frozenset({0, 1})),
+        ("mlp.gate_up_proj.weight", frozenset({0, 1})),
+    )
+
+    def matching_engine(self, engine_param_names: Iterable[str]) -> "EngineLayout":
         """This layout with the engine-specific details read off the engine's parameter names."""
         path = "experts"
         for n in engine_param_names:
@@ -94,33 +116,11 @@ class Qwen35Layout:
 # HF -> engine names
 # ----------------------------------------------------------------------------------------------------------
 
-# (HF leaf inside a decoder layer, engine leaf, shard id). Order matters only for readability.
-_STACKED = [
-    ("self_attn.q_proj.weight", "self_attn.qkv_proj.weight", "q"),
-    ("self_attn.k_proj.weight", "self_attn.qkv_proj.weight", "k"),
-    ("self_attn.v_proj.weight", "self_attn.qkv_proj.weight", "v"),
-    ("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_qkvz.weight", "qkv"),
-    ("linear_attn.in_proj_z.weight", "linear_attn.in_proj_qkvz.weight", "z"),
-    ("linear_attn.in_proj_b.weight", "linear_attn.in_proj_ba.weight", "b"),
-    ("linear_attn.in_proj_a.weight", "linear_attn.in_proj_ba.weight", "a"),
-    ("shared_expert.gate_proj.weight", "shared_expert.gate_up_proj.weight", 0),
-    ("shared_expert.up_proj.weight", "shared_expert.gate_up_proj.weight", 1),
-    ("mlp.gate_proj.weight", "mlp.gate_up_proj.weight", 0),
-    ("mlp.up_proj.weight", "mlp.gate_up_proj.weight", 1),
-]
-# Shards every fused engine parameter must receive (experts are handled separately: they depend on E).
-_REQUIRED_SHARDS = {
-    "self_attn.qkv_proj.weight": {"q", "k", "v"},
-    "linear_attn.in_proj_qkvz.weight": {"qkv", "z"},
-    "linear_attn.in_proj_ba.weight": {"b", "a"},
-    "shared_expert.gate_up_proj.weight": {0, 1},
-    "mlp.gate_up_proj.weight": {0, 1},
-}
 _PER_EXPERT = re.compile(r"^(?P<pre>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 _FUSED_EXPERT = re.compile(r"^(?P<pre>.*\.mlp\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
 
 
-def _engine_prefix(hf_name: str, layout: Qwen35Layout) -> Optional[str]:
+def _engine_prefix(hf_name: str, layout: EngineLayout) -> Optional[str]:
     """Rename the model-level prefix; ``None`` means the engine has no such tensor (skip it)."""
     if layout.vl:
         if hf_name.startswith("model.visual."):
@@ -137,7 +137,7 @@ def _engine_prefix(hf_name: str, layout: Qwen35Layout) -> Optional[str]:
     return hf_name
 
 
-def engine_targets(hf_name: str, layout: Qwen35Layout) -> list[tuple[str, Any]]:
+def engine_targets(hf_name: str, layout: EngineLayout) -> list[tuple[str, Any]]:
     """The (engine parameter, shard) pairs one HF tensor writes; empty when the engine has no such tensor.
 
     Shards: ``None`` for a plain copy, a letter/index for a slice of a fused matrix, ``(expert, "w1"|"w2"|"w3")``
@@ -158,25 +158,25 @@ def engine_targets(hf_name: str, layout: Qwen35Layout) -> list[tuple[str, Any]]:
         w = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[m["proj"]]
         param = "w2_weight" if w == "w2" else "w13_weight"
         return [(f"{pre}.{param}", (int(m["e"]), w))]
-    for hf_leaf, engine_leaf, shard in _STACKED:
+    for hf_leaf, engine_leaf, shard in layout.stacked:
         if name.endswith("." + hf_leaf):
             return [(name[: -len(hf_leaf)] + engine_leaf, shard)]
     return [(name, None)]
 
 
-def required_shards(engine_name: str, layout: Qwen35Layout) -> set:
+def required_shards(engine_name: str, layout: EngineLayout) -> set:
     """Every shard an engine parameter must receive for a complete write."""
     if engine_name.endswith(f".{layout.engine_experts_path}.w13_weight"):
         return {(e, w) for e in range(layout.num_experts) for w in ("w1", "w3")}
     if engine_name.endswith(f".{layout.engine_experts_path}.w2_weight"):
         return {(e, "w2") for e in range(layout.num_experts)}
-    for leaf, shards in _REQUIRED_SHARDS.items():
+    for leaf, shards in layout.required:
         if engine_name.endswith("." + leaf):
             return set(shards)
     return {None}
 
 
-def expected_engine_names(hf_names: Iterable[str], layout: Qwen35Layout) -> set[str]:
+def expected_engine_names(hf_names: Iterable[str], layout: EngineLayout) -> set[str]:
     """Engine parameter names implied by a set of HF names (for tests and dry runs without an engine)."""
     return {target for n in hf_names for target, _ in engine_targets(n, layout)}
 
@@ -212,7 +212,7 @@ def expand_fused_experts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str,
 
 
 def to_engine_loader_format(
-    weights: Iterable[tuple[str, torch.Tensor]], layout: Qwen35Layout
+    weights: Iterable[tuple[str, torch.Tensor]], layout: EngineLayout
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Adapt HF (name, tensor) pairs to what the engine's checkpoint loader should receive.
 

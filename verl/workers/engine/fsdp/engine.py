@@ -24,10 +24,10 @@ from verl.workers.engine.base import BaseEngine, LossFn, accumulate_metrics
 from .micro_batches import split_micro_batches
 from .model_init import build_lr_scheduler, build_module, build_optimizer, uses_cpu_offload_policy
 from .packing import pack_micro_batch, unpack_to_padded
+from verl.utils.config import cfg_get
 
 logger = logging.getLogger(__name__)
 
-_TRAINABLE_ROLES = ("actor", "critic", "sft")
 _alias_warned = False
 _sp_groups: dict[tuple[int, int], Any] = {}
 
@@ -88,13 +88,6 @@ def ulysses_group(group):
         ulysses.set_ulysses_sequence_parallel_group(prev)
 
 
-def _get(cfg, key, default=None):
-    if cfg is None:
-        return default
-    val = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if val is None else val
-
-
 class FSDPEngine(BaseEngine):
     """Keyword arguments beyond the base ones:
 
@@ -113,8 +106,8 @@ class FSDPEngine(BaseEngine):
         self.role_config = role_config if role_config is not None else {}
         self.share_module_with = share_module_with
         self.processing_class = processing_class
-        self.sp_size = int(_get(self.role_config, "ulysses_sequence_parallel_size", 0)
-                           or _get(engine_config, "ulysses_sequence_parallel_size", 1) or 1)
+        self.sp_size = int(cfg_get(self.role_config, "ulysses_sequence_parallel_size", 0)
+                           or cfg_get(engine_config, "ulysses_sequence_parallel_size", 1) or 1)
         self.optimizer = None
         self.lr_scheduler = None
         self.checkpoint_manager = None
@@ -122,8 +115,10 @@ class FSDPEngine(BaseEngine):
         self.device = compute_device()
         self.cpu_offload_policy = uses_cpu_offload_policy(engine_config)
         # Under the CPU offload policy the optimizer state already lives (and steps) in host memory.
-        self.offload_optimizer = bool(_get(engine_config, "optimizer_offload", False)) and not self.cpu_offload_policy
-        self.activation_offload = bool(_get(model_config, "enable_activation_offload", False)) and role != "ref"
+        self.offload_optimizer = bool(cfg_get(engine_config, "optimizer_offload", False)) and not self.cpu_offload_policy
+        # Offloading activations only pays where there is a backward pass.
+        self.activation_offload = (bool(cfg_get(model_config, "enable_activation_offload", False))
+                                   and self.role_spec.trainable)
 
     # ------------------------------------------------------------------------------------ life cycle
     def initialize(self) -> None:
@@ -134,11 +129,11 @@ class FSDPEngine(BaseEngine):
             self.is_lora = False
             self._disable_adapter = other.is_lora
         else:
-            trainable = self.role in _TRAINABLE_ROLES
-            use_fused = _get(self.role_config, "use_fused_kernels", None)
+            trainable = self.role_spec.trainable
+            use_fused = cfg_get(self.role_config, "use_fused_kernels", None)
             self.built = build_module(
                 self.model_config, self.engine_config, role=self.role, ulysses_sp_size=self.sp_size,
-                enable_gc=trainable and bool(_get(self.model_config, "enable_gradient_checkpointing", False)),
+                enable_gc=trainable and bool(cfg_get(self.model_config, "enable_gradient_checkpointing", False)),
                 use_fused_kernels=None if use_fused is None else bool(use_fused))
             self._module = self.built.module
             self.is_lora = self.built.is_lora
@@ -160,8 +155,8 @@ class FSDPEngine(BaseEngine):
         """Entropy from logits, chunked and/or ``torch.compile``d as ``fsdp_config`` says (upstream's
         ``entropy_from_logits_with_chunking`` / ``use_torch_compile``)."""
         cfg = self.engine_config
-        if bool(_get(cfg, "entropy_from_logits_with_chunking", False)):
-            chunk = int(_get(cfg, "entropy_from_logits_chunk_size", 2048))
+        if bool(cfg_get(cfg, "entropy_from_logits_with_chunking", False)):
+            chunk = int(cfg_get(cfg, "entropy_from_logits_chunk_size", 2048))
 
             def fn(logits):
                 shape = logits.shape
@@ -169,11 +164,11 @@ class FSDPEngine(BaseEngine):
         else:
             fn = verl_F.entropy_from_logits
         # fsdp_config.use_torch_compile (the engine's key) and the role's use_torch_compile (actor/ref)
-        if bool(_get(cfg, "use_torch_compile", True)) and bool(_get(self.role_config, "use_torch_compile", True)):
+        if bool(cfg_get(cfg, "use_torch_compile", True)) and bool(cfg_get(self.role_config, "use_torch_compile", True)):
             from .compile import maybe_compile
 
             fn = maybe_compile(fn)
-        if bool(_get(cfg, "entropy_checkpointing", False)):
+        if bool(cfg_get(cfg, "entropy_checkpointing", False)):
             inner = fn
 
             def fn(logits):  # recompute in backward instead of keeping the softmax
@@ -235,7 +230,7 @@ class FSDPEngine(BaseEngine):
         global_info = self._global_batch_info(data) if loss_fn is not None else None
         micro, order = split_micro_batches(data, meta.get("micro_batch_size"), bool(meta.get("use_dynamic_bsz", False)),
                                            meta.get("max_token_len"), self.sp_size, self.device,
-                                           with_mm=self.role != "critic", budget_key=meta.get("max_token_len_key"))
+                                           with_mm=self.role_spec.multimodal, budget_key=meta.get("max_token_len_key"))
         collected: dict[str, list[torch.Tensor]] = {k: [] for k in outputs}
         per_micro: list[dict] = []
         with ulysses_group(self.sp_group), self._adapter_context():
@@ -278,7 +273,7 @@ class FSDPEngine(BaseEngine):
             packed = pack_micro_batch(mb, sp_size=self.sp_size)
             out = self._module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                                use_cache=False, **mm_inputs, **self._fused_kwargs(temperature))
-            if self.role == "critic":
+            if self.role_spec.value_head:
                 return {"values": unpack_to_padded(out, packed)}
             stats = self._token_stats(out, packed.labels, temperature, want_entropy)
             return {k: unpack_to_padded(v, packed) for k, v in stats.items()}
@@ -287,7 +282,7 @@ class FSDPEngine(BaseEngine):
             position_ids = position_ids.transpose(0, 1)
         out = self._module(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=position_ids,
                            use_cache=False, **mm_inputs, **self._fused_kwargs(temperature))
-        if self.role == "critic":
+        if self.role_spec.value_head:
             return {"values": out}
         labels = torch.roll(mb["input_ids"], shifts=-1, dims=-1)
         return self._token_stats(out, labels, temperature, want_entropy)
@@ -314,8 +309,8 @@ class FSDPEngine(BaseEngine):
 
     def _clip_grad(self) -> float:
         """``optim.clip_grad``, or the role's legacy ``grad_clip`` where only that one was changed."""
-        optim_clip = _get(self.optimizer_config, "clip_grad", None)
-        legacy = _get(self.role_config, "grad_clip", None)
+        optim_clip = cfg_get(self.optimizer_config, "clip_grad", None)
+        legacy = cfg_get(self.role_config, "grad_clip", None)
         if optim_clip is None or legacy is None or float(optim_clip) == float(legacy):
             return float(optim_clip if optim_clip is not None else (legacy if legacy is not None else 1.0))
         if float(optim_clip) == 1.0:

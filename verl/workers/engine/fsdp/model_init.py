@@ -75,7 +75,9 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
     from verl.models.transformers.monkey_patch import apply_monkey_patch
     from verl.utils.fsdp_utils import apply_fsdp2, create_device_mesh
     from verl.utils.tokenizer import local_model_path
+    from verl.workers.engine.role import engine_role
 
+    role_spec = engine_role(role)
     fsdp_cfg = fsdp_cfg if fsdp_cfg is not None else {}
     import_external_lib(model_cfg)
     path = local_model_path(model_cfg)
@@ -93,14 +95,14 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
     spec = get_model_spec(model.config)
     if bool(model_cfg.get("use_liger", False)):
         apply_liger(model)
-    if role == "critic":
+    if role_spec.value_head:
         from verl.workers.critic.value_model import ValueModel
 
         model = ValueModel(model).to(dtype)
     use_rmpad = bool(model_cfg.get("use_remove_padding", True)) and spec.packs_with(model.config)
     if use_fused_kernels is None:
         use_fused_kernels = bool(model_cfg.get("use_fused_kernels", False))
-    use_fused = use_fused_kernels and role not in ("critic",)
+    use_fused = use_fused_kernels and not role_spec.value_head  # fused kernels compute LM-head log-probs
     fused_backend = (model_cfg.get("fused_kernel_options") or {}).get("impl_backend", "torch") if use_fused else None
     from verl.models.kernels import report_kernels
 
@@ -116,7 +118,7 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     from verl.workers.lora import apply_lora, lora_enabled
 
-    is_lora = role in ("actor", "sft") and lora_enabled(model_cfg)
+    is_lora = role_spec.lora and lora_enabled(model_cfg)
     if is_lora:
         model = apply_lora(model, model_cfg)
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -133,7 +135,7 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
     apply_fsdp2(model, mesh, mp, param_offload=uses_cpu_offload_policy(fsdp_cfg) and not on_cpu,
                 reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),
                 wrap_policy=fsdp_cfg.get("wrap_policy"))
-    if role == "ref":
+    if not role_spec.trainable:
         model.requires_grad_(False)
     return BuiltModel(model, spec=spec, use_remove_padding=use_rmpad, use_fused_kernels=use_fused, is_lora=is_lora,
                       info={"path": path, "model_type": getattr(model.config, "model_type", None)})

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import os
 import random
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .engine import MegatronEngine
+# ``engine`` arguments are the MegatronEngine (verl.workers.engine.megatron.engine), which calls in here; its
+# name is only written in annotations so that this module does not import the engine back.
 
-__all__ = ["load_checkpoint", "load_dist_model", "save_checkpoint", "save_hf_checkpoint"]
+__all__ = ["load_checkpoint", "save_checkpoint", "save_hf_checkpoint"]
 
 
 def _contents(engine: "MegatronEngine", key: str) -> list[str]:
@@ -207,16 +207,6 @@ def _load_dist(engine: "MegatronEngine", path: str, contents: list[str]) -> None
         engine.optimizer.load_state_dict(state["optimizer"])
     elif engine.optimizer is not None:
         engine.optimizer.reload_model_params()  # fp32 master weights follow the loaded model
-
-
-def load_dist_model(chunks: list, path: str) -> None:
-    """Initial weights from a megatron-core distributed checkpoint (``megatron.dist_checkpointing_path``)."""
-    from megatron.core import dist_checkpointing
-
-    sharded = {f"model{i}": m.sharded_state_dict() for i, m in enumerate(chunks)}
-    loaded = dist_checkpointing.load(sharded, path)
-    for i, m in enumerate(chunks):
-        m.load_state_dict(loaded[f"model{i}"], strict=True)
 
 
 # ------------------------------------------------------------------------------------ HF export

@@ -24,19 +24,13 @@ from verl.workers.engine.base import BaseEngine, LossFn, accumulate_metrics
 from . import build
 from .packing import next_token_labels, pack_thd, unpack_thd
 from .settings import MegatronSettings, read_settings, require_mcore
+from verl.utils.config import cfg_get
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MegatronEngine"]
 
 _INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
-
-
-def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
 
 
 class MegatronEngine(BaseEngine):
@@ -47,18 +41,17 @@ class MegatronEngine(BaseEngine):
                  checkpoint_config: Any = None, role: str = "actor", **kwargs):
         require_mcore()
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config, role)
-        if _cfg_get(model_config, "lora_rank", 0) or _cfg_get(model_config, "lora_adapter_path", None):
+        if cfg_get(model_config, "lora_rank", 0) or cfg_get(model_config, "lora_adapter_path", None):
             raise ValueError("LoRA is not supported on the Megatron engine (actor_rollout_ref.model.lora_rank > 0 "
                              "with strategy=megatron); use strategy=fsdp2 for LoRA, or lora_rank=0")
-        model_rp = _cfg_get(model_config, "use_remove_padding", None)
+        model_rp = cfg_get(model_config, "use_remove_padding", None)
         if model_rp is False:
             logger.warning("model.use_remove_padding is the deprecated alias of the engine's "
                            "megatron.use_remove_padding; packing is off for this engine")
-        prefix = {"ref": "actor_rollout_ref.ref.megatron", "critic": "critic.megatron"}.get(
-            role, "actor_rollout_ref.actor.megatron")
+        prefix = f"{self.role_spec.section}.megatron"
         self._prefix = prefix
         self.settings: MegatronSettings = read_settings(engine_config, model_rp, prefix=prefix)
-        self.forward_only = self.settings.forward_only or role == "ref"
+        self.forward_only = self.settings.forward_only or not self.role_spec.trainable
         self.model: list[torch.nn.Module] = []
         self.optimizer = None
         self.lr_scheduler = None
@@ -79,7 +72,7 @@ class MegatronEngine(BaseEngine):
 
     @property
     def _model_section(self) -> str:
-        return "critic.model" if self.role == "critic" else "actor_rollout_ref.model"
+        return self.role_spec.model_section
 
     # ------------------------------------------------------------------ life cycle
     def initialize(self) -> None:
@@ -93,11 +86,11 @@ class MegatronEngine(BaseEngine):
         build.init_parallel_state(s)
         import_external_lib(self.model_config)  # custom models register themselves before the config is read
         path = self.model_path  # a local directory, hub ids fetched into the HF cache
-        trust = bool(_cfg_get(self.model_config, "trust_remote_code", False))
+        trust = bool(cfg_get(self.model_config, "trust_remote_code", False))
         self.hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
         # model.override_config edits the HF config the mcore config and the weight mapping are derived from,
         # exactly as on FSDP (one helper for both engines).
-        apply_config_overrides(self.hf_config, _cfg_get(self.model_config, "override_config", None))
+        apply_config_overrides(self.hf_config, cfg_get(self.model_config, "override_config", None))
         overrides = dict(s.override_transformer_config)
         for key, value in list(overrides.items()):
             if value is None:  # null = megatron-core's default (upstream's yaml lists the recompute keys so)
@@ -128,7 +121,7 @@ class MegatronEngine(BaseEngine):
         tie = None  # follow the checkpoint's tie_word_embeddings (its text config for VL checkpoints)
         self.forward_fn = registry.get_mcore_forward_fn(self.hf_config)
         self.converter = registry.get_mcore_weight_converter(self.hf_config)
-        is_value = self.role == "critic"
+        is_value = self.role_spec.value_head
         chunks = build.build_model_chunks(self.tfconfig, self.hf_config, registry.init_mcore_model, s, tie,
                                           value=is_value)
         from .weights import load_initial_weights, seed_master_weights
@@ -280,7 +273,7 @@ class MegatronEngine(BaseEngine):
         global_info = None if loss_fn is None else self._global_batch_info(data)
         n_micro = len(micro)
         want = set(outputs)
-        if loss_fn is not None and self.role != "critic":
+        if loss_fn is not None and not self.role_spec.value_head:
             want.add("log_probs")
         collected: list[tuple[int, dict]] = []
         metrics: list[dict] = []
@@ -324,12 +317,12 @@ class MegatronEngine(BaseEngine):
         model its values; other stages return hidden states for the next one."""
         s = self.settings
         kw = {}
-        if self.role != "critic":
+        if not self.role_spec.value_head:  # the LM head computes log-probs (and entropy) from the labels
             kw = dict(temperature=temperature, calculate_entropy="entropy" in want, chunk_size=s.entropy_chunk_size)
         if s.use_remove_padding:
             align = s.tp if s.sequence_parallel else 1
             packed = pack_thd(mb["input_ids"], mb["attention_mask"], mb["position_ids"], align=align)
-            if self.role != "critic":
+            if not self.role_spec.value_head:
                 kw["labels"] = packed.labels
             output = self.forward_fn(model, packed.input_ids, packed.position_ids,
                                      packed_seq_params=packed.packed_seq_params(), **kw)
@@ -337,7 +330,7 @@ class MegatronEngine(BaseEngine):
         position_ids = mb["position_ids"]
         if position_ids.dim() == 3:  # (B, C, L) mRoPE -> (C, B, L)
             position_ids = position_ids.transpose(0, 1)
-        if self.role != "critic":
+        if not self.role_spec.value_head:
             kw["labels"] = next_token_labels(mb["input_ids"], mb["attention_mask"])
         output = self.forward_fn(model, mb["input_ids"], position_ids, packed_seq_params=None,
                                  attention_mask=mb["attention_mask"], **kw)
@@ -345,7 +338,7 @@ class MegatronEngine(BaseEngine):
 
     def _token_outputs(self, output, packed) -> dict:
         """Last-stage output of one micro-batch -> {name: (B, L) next-token-aligned float tensor}."""
-        if self.role == "critic":
+        if self.role_spec.value_head:
             output = {"values": output}
         out = {}
         for name, value in output.items():

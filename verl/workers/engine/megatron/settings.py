@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from verl.utils.config import cfg_get, to_plain
+
 __all__ = ["MIN_MCORE_VERSION", "MegatronSettings", "require_mcore", "settings_problems", "read_settings"]
 
 MIN_MCORE_VERSION = (0, 18)
@@ -67,20 +69,8 @@ class MegatronSettings:
         return self.tp * self.pp * self.cp
 
 
-def _plain(value: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a core dependency
-        pass
-    return value
-
-
 def _get(section: Mapping, key: str, default: Any = None) -> Any:
-    value = section.get(key, default) if section is not None else default
-    return default if value is None and default is not None else _plain(value)
+    return to_plain(cfg_get(section, key, default))
 
 
 def settings_problems(section: Mapping, prefix: str = "actor_rollout_ref.actor.megatron") -> list[str]:

@@ -12,7 +12,7 @@ tensor, in the same order, so a colocated rollout on each rank can load it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import logging
 
@@ -21,10 +21,10 @@ import torch.distributed as dist
 
 from verl.utils.megatron_utils import unwrap_model
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .engine import MegatronEngine
+# ``engine`` arguments are the MegatronEngine (verl.workers.engine.megatron.engine), which calls in here; its
+# name is only written in annotations so that this module does not import the engine back.
 
-__all__ = ["build_hf_module", "iter_hf_weights", "layout_of", "load_initial_weights", "loses_precision",
+__all__ = ["build_hf_module", "iter_hf_weights", "layout_of", "load_dist_model", "load_initial_weights", "loses_precision",
            "seed_master_weights", "sync_hf_module"]
 
 logger = logging.getLogger(__name__)
@@ -51,8 +51,6 @@ def load_initial_weights(engine: "MegatronEngine", chunks: list, path: str) -> l
     fp32 master weights from them, as FSDP's fp32 parameters start from the checkpoint itself."""
     s = engine.settings
     if s.use_dist_checkpointing and s.dist_checkpointing_path:
-        from .checkpoint import load_dist_model
-
         load_dist_model(chunks, s.dist_checkpointing_path)
         return [{} for _ in chunks]
     conv = engine.converter
@@ -63,7 +61,7 @@ def load_initial_weights(engine: "MegatronEngine", chunks: list, path: str) -> l
     for vp_stage, chunk in enumerate(chunks):
         state = conv.mcore_state_for_rank(get, engine.hf_config, layout, pp_rank=r["pp"], vp_stage=vp_stage,
                                           tp_rank=r["tp"], ep_rank=r["ep"], etp_rank=r["etp"])
-        if engine.role == "critic":
+        if engine.role_spec.value_head:
             state.pop("output_layer.weight", None)  # the LM head; the critic's value head starts fresh
         params = {conv.strip_wrapper_prefix(n): p for n, p in unwrap_model(chunk).named_parameters()}
         extra = sorted(set(state) - set(params))
@@ -81,6 +79,16 @@ def load_initial_weights(engine: "MegatronEngine", chunks: list, path: str) -> l
                 precise[name] = tensor.detach().to("cpu", torch.float32).contiguous()
         masters.append(precise)
     return masters
+
+
+def load_dist_model(chunks: list, path: str) -> None:
+    """Initial weights from a megatron-core distributed checkpoint (``megatron.dist_checkpointing_path``)."""
+    from megatron.core import dist_checkpointing
+
+    sharded = {f"model{i}": m.sharded_state_dict() for i, m in enumerate(chunks)}
+    loaded = dist_checkpointing.load(sharded, path)
+    for i, m in enumerate(chunks):
+        m.load_state_dict(loaded[f"model{i}"], strict=True)
 
 
 def loses_precision(source: torch.Tensor, param: torch.Tensor) -> bool:
@@ -123,7 +131,7 @@ def seed_master_weights(engine: "MegatronEngine", masters: list[dict]) -> int:
 
 def _is_new_head(name: str, engine: "MegatronEngine") -> bool:
     # The critic's value head has no counterpart in a causal-LM checkpoint; it keeps its initialisation.
-    return engine.role == "critic" and name.startswith("output_layer.")
+    return engine.role_spec.value_head and name.startswith("output_layer.")
 
 
 def _param_entries(engine: "MegatronEngine") -> list[tuple]:
@@ -137,7 +145,7 @@ def _param_entries(engine: "MegatronEngine") -> list[tuple]:
     for vp_stage, chunk in enumerate(engine.model):
         for local, param in unwrap_model(chunk).named_parameters():
             local = conv.strip_wrapper_prefix(local)
-            if engine.role == "critic" and local.startswith("output_layer."):
+            if engine.role_spec.value_head and local.startswith("output_layer."):
                 continue  # the value head has no Hugging Face causal-LM counterpart
             glob = conv.global_mcore_name(local, engine.hf_config, layout, pp_rank=r["pp"], vp_stage=vp_stage,
                                           ep_rank=r["ep"])
@@ -212,7 +220,7 @@ def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, tor
 def _with_vp(engine, entries):
     """Pair each entry with its virtual stage (entries are built chunk by chunk)."""
     def kept(name: str) -> bool:
-        return not (engine.role == "critic" and engine.converter.strip_wrapper_prefix(name).startswith("output_layer."))
+        return not (engine.role_spec.value_head and engine.converter.strip_wrapper_prefix(name).startswith("output_layer."))
 
     counts = [sum(1 for n, _ in unwrap_model(c).named_parameters() if kept(n)) for c in engine.model]
     i = 0

@@ -19,7 +19,7 @@ from typing import Hashable, Optional
 import torch
 
 from verl.workers.rollout.hf_engine.cache import SlotCache
-from verl.workers.rollout.hf_engine.qwen3_5_runner import PrefillSeq, Qwen35Runner
+from verl.workers.rollout.hf_engine.runner import DecodeRunner, PrefillSeq
 from verl.workers.rollout.hf_engine.sampling import SamplerConfig, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def default_capture_sizes(capacity: int) -> list[int]:
 
 
 class DecodeEngine:
-    def __init__(self, runner: Qwen35Runner, sampler: SamplerConfig, stop_ids: list[int], options: EngineOptions):
+    def __init__(self, runner: DecodeRunner, sampler: SamplerConfig, stop_ids: list[int], options: EngineOptions):
         self.runner, self.sampler, self.opt = runner, sampler, options
         dev = runner.device
         self.stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=dev)

@@ -1,4 +1,4 @@
-"""The ``hf`` rollout's Qwen3.5 path: engine requests -> decode-loop sequences -> engine outputs.
+"""The ``hf`` rollout's decode-engine path (models whose spec names a runner): engine requests -> decode-loop sequences -> engine outputs.
 
 Settings come from the rollout config with their upstream meaning: ``max_num_seqs`` (slots), ``max_num_batched_tokens``
 (prompt tokens per prefill forward), ``enforce_eager`` (no CUDA graphs), ``cudagraph_capture_sizes``,
@@ -18,8 +18,9 @@ import torch
 from verl.utils.fsdp_utils import gathered_for_inference
 from verl.workers.rollout.base import GenerationOutput, GenerationRequest, SamplingParams
 from verl.workers.rollout.hf_engine.engine import DecodeEngine, EngineOptions, SeqRequest
-from verl.workers.rollout.hf_engine.qwen3_5_runner import PrefillSeq, Qwen35Runner
+from verl.workers.rollout.hf_engine.runner import PrefillSeq, runner_class
 from verl.workers.rollout.hf_engine.sampling import SamplerConfig, sequence_key
+from verl.workers.rollout.vision_tokens import expand_vision_tokens, vision_placeholder_ids
 
 # engine_kwargs.hf.<key>: meaning
 HF_ENGINE_KWARGS = {
@@ -94,12 +95,10 @@ def _mm_digest(mm) -> bytes:
 def build_sequences(requests: list[GenerationRequest], params: SamplingParams, model_config, seed: int):
     """One SeqRequest per (request, sample). The k-th sample of a given prompt (counting identical prompts
     across the call) gets the random stream ``(seed, prompt, k)``: independent of batching and order."""
-    from verl.workers.rollout.hf_rollout import _expand_vision_tokens
-
     seen: dict = defaultdict(int)
     seqs, owner = [], []
     for r, req in enumerate(requests):
-        ids = _expand_vision_tokens(req, model_config)
+        ids = expand_vision_tokens(req, model_config)
         mm = _mm_inputs(req)
         digest = _mm_digest(mm)
         share = (tuple(ids), digest)
@@ -113,19 +112,18 @@ def build_sequences(requests: list[GenerationRequest], params: SamplingParams, m
 
 
 def generate_with_engine(rollout, requests: list[GenerationRequest], params: SamplingParams):
-    from verl.workers.rollout.hf_rollout import _vision_placeholder_ids
-
     module = rollout.module
     opt, backend = engine_options(rollout.config)
     seed = params.seed if params.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)).item())
     seqs, owner = build_sequences(requests, params, module.config, seed)
     sampler = SamplerConfig(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                            suppress_ids=tuple(_vision_placeholder_ids(module.config)))
+                            suppress_ids=tuple(vision_placeholder_ids(module.config)))
     with unsharded(module):
         was_training = module.training
         module.eval()
         try:
-            engine = DecodeEngine(Qwen35Runner(module, backend), sampler, list(params.stop_token_ids), opt)
+            runner = runner_class(module.config)(module, backend)
+            engine = DecodeEngine(runner, sampler, list(params.stop_token_ids), opt)
             results = engine.run(seqs)
         finally:
             module.train(was_training)

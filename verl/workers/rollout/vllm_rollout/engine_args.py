@@ -8,21 +8,10 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from verl.workers.rollout.base import GenerationOutput, SamplingParams
+from verl.utils.config import cfg_get as _get
 
 # Keys of the rollout config that are this module's business (upstream names).
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16"}
-
-
-def _get(cfg: Any, key: str, default=None):
-    if cfg is None:
-        return default
-    if isinstance(cfg, Mapping):
-        return cfg.get(key, default)
-    try:
-        value = cfg.get(key, default)  # DictConfig
-    except AttributeError:
-        value = getattr(cfg, key, default)
-    return default if value is None else value
 
 
 def _plain(obj) -> dict:

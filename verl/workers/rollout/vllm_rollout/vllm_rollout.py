@@ -6,7 +6,7 @@ training; on the CPU build a single in-process engine without sleep mode.
 
 Weight sync is the layerwise in-place reload (``worker.reload_weights(weights_iterator=...,
 is_checkpoint_format=True)``): the engine's own HF-name loader (the model's ``load_weights``, or a loader
-registered in :mod:`verl.models.weight_loader_registry`) fuses and shards the HF tensors, so any causal LM
+registered in :mod:`verl.models.dtensor_weight_loader`) fuses and shards the HF tensors, so any causal LM
 vLLM supports syncs, the trainer streams full HF-named tensors bucket by bucket and the engine never holds a
 second copy. Coverage is what that loader reports loaded (:func:`~verl.workers.weight_sync.check_loader_coverage`),
 plus the shard-level rules of the Qwen3.5 / vLLM-Ascend layouts. Layers that share a parameter (tied LM
@@ -31,7 +31,7 @@ import torch
 from verl.utils.device import get_device_name, get_torch_device, is_vllm_ascend_available
 from verl.workers.rollout.base import BaseRollout, GenerationOutput, GenerationRequest, SamplingParams
 from verl.workers.weight_sync import (
-    Qwen35Layout,
+    EngineLayout,
     check_coverage,
     check_loader_coverage,
     to_engine_loader_format,
@@ -68,7 +68,7 @@ def _accelerator() -> Optional[str]:
     return None if name == "cpu" else name
 
 
-def sync_layout(hf_config, engine_names, *, ascend: bool) -> Optional[Qwen35Layout]:
+def sync_layout(hf_config, engine_names, *, ascend: bool) -> Optional[EngineLayout]:
     """The name rules a full sync applies before the engine's loader: the layout class the model spec names
     (``ModelSpec.weight_sync_layout``; Qwen3.5's covers the vision tower, MTP head, tied head, shard-level
     coverage, and per-expert checkpoint names on vLLM-Ascend, whose MoE loader needs them), or None for an
@@ -83,7 +83,7 @@ def sync_layout(hf_config, engine_names, *, ascend: bool) -> Optional[Qwen35Layo
     return layout.matching_engine(engine_names)
 
 
-def uses_runtime_expert_writer(layout: Optional[Qwen35Layout], *, ascend: bool, standalone: bool) -> bool:
+def uses_runtime_expert_writer(layout: Optional[EngineLayout], *, ascend: bool, standalone: bool) -> bool:
     """vLLM-Ascend MoE, colocated: fused experts are written straight into the post-processed runtime layout.
     A server (``standalone``) reloads them through the checkpoint loader and post-processes instead."""
     return ascend and layout is not None and layout.moe and not standalone
@@ -157,7 +157,7 @@ class vLLMRollout(BaseRollout):
             logger.warning("rollout.free_cache_engine=True but vLLM sleep mode is unavailable here (%s): the engine "
                            "keeps its weights and KV cache through training", self.device or "CPU build")
         self._engine_names = self._engine_param_names()
-        from verl.models.weight_loader_registry import get_weight_loader
+        from verl.models.dtensor_weight_loader import get_weight_loader
 
         self.custom_loader = get_weight_loader(getattr(self.hf_config, "architectures", None))
         self.layout = sync_layout(self.hf_config, self._engine_names, ascend=self.ascend)

@@ -25,19 +25,12 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from verl.models.transformers import gated_deltanet as gdn
+from verl.models.qwen3_5 import gated_deltanet as gdn
 from verl.models.transformers.packed_attention import varlen_causal_attention
 from verl.workers.rollout.hf_engine.cache import CacheShape, SlotCache
+from verl.workers.rollout.hf_engine.runner import PrefillSeq
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PrefillSeq:
-    """One prompt to prefill: token ids (vision placeholders already expanded) and its processor outputs."""
-
-    ids: list[int]
-    mm: Optional[dict] = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,7 +135,7 @@ class Qwen35Runner:
             return torch_recurrent_step_
         if backend in ("auto", "triton"):
             try:
-                from verl.workers.rollout.hf_engine import decode_kernels as kern
+                from verl.models.qwen3_5 import decode_kernels as kern
             except ImportError:
                 kern = None
             if kern is not None and kern.supports(self.shape.k_dim, self.shape.v_dim):
@@ -163,7 +156,7 @@ class Qwen35Runner:
         step = self.recurrent_step()
         if step is torch_recurrent_step_ or step is fla_recurrent_step_:
             return None
-        from verl.workers.rollout.hf_engine import decode_kernels
+        from verl.models.qwen3_5 import decode_kernels
 
         return decode_kernels
 
@@ -207,7 +200,7 @@ class Qwen35Runner:
         mm = seq.mm or {}
         if self.vl is None or mm.get("pixel_values") is None:
             return emb, pos
-        from verl.models.transformers.qwen3_5 import _default_mrope_positions, _vision_embeds
+        from verl.models.qwen3_5.hf_forward import _default_mrope_positions, _vision_embeds
 
         grid = mm["image_grid_thw"].to(self.device)
         feats = _vision_embeds(self.vl, mm["pixel_values"].to(self.device, self.dtype), grid).to(emb.dtype)

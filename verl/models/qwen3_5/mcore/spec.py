@@ -24,9 +24,9 @@ from megatron.core.transformer.transformer_layer import (
     get_transformer_layer_offset,
 )
 
-from verl.models.mcore.qwen3_5.attention import Qwen35GatedAttention
-from verl.models.mcore.qwen3_5.common import ZeroCenteredRMSNorm
-from verl.models.mcore.qwen3_5.gated_deltanet import Qwen35GatedDeltaNet
+from verl.models.qwen3_5.mcore.attention import Qwen35GatedAttention
+from verl.models.qwen3_5.mcore.common import ZeroCenteredRMSNorm
+from verl.models.qwen3_5.mcore.gated_deltanet import Qwen35GatedDeltaNet
 
 
 def backend_for(config):

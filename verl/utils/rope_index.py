@@ -1,7 +1,8 @@
-"""Qwen-VL style mRoPE position ids computed with the model's own ``get_rope_index``.
+"""Multimodal rotary (mRoPE) position ids, computed with the model's own ``get_rope_index``.
 
-Kept here (model-specific, light imports) so the dataset, the rollout and the agent loop share one
-implementation without importing each other.
+Model-independent: the method is looked up on the transformers class named by the checkpoint's architecture, so
+every Qwen-VL style model (Qwen2-VL to Qwen3.5) is covered without a table here. It lives among the utilities
+because the datasets, the rollout and the agent loop all need it and none of them may import another.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from verl.models.weight_loader_registry import WEIGHT_LOADER_REGISTRY, get_weight_loader, register_weight_loader
+from verl.models.dtensor_weight_loader import WEIGHT_LOADER_REGISTRY, get_weight_loader, register_weight_loader
 from verl.utils.vllm.reload import LoadedNames, aliased_layers, refresh_aliased_layers
 from verl.workers.weight_sync import WeightCoverageError, check_loader_coverage
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
-from verl.models.mcore.qwen3_5.common import (
+from verl.models.qwen3_5.mcore.common import (
     ZeroCenteredRMSNorm,
     apply_partial_rope,
     maybe_checkpoint,

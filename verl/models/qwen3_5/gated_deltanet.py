@@ -20,6 +20,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from verl.models.transformers.packed_attention import batch_to_packed, packed_to_batch, seq_ids_from_cu_seqlens
+
 # "torch" forces the reference path (e.g. to compare against fla on GPU); "auto" uses fla when possible.
 GDN_BACKEND_ENV = "VERL_GDN_BACKEND"
 
@@ -64,37 +66,6 @@ def use_fla(device: torch.device) -> bool:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sequence bookkeeping
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def seq_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
-    """(T,) long tensor: index of the sequence each packed token belongs to."""
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    return torch.repeat_interleave(torch.arange(lengths.numel(), device=cu_seqlens.device), lengths, output_size=total)
-
-
-def packed_to_batch(x: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scatter packed ``(T, ...)`` rows into a right-padded ``(N, max_len, ...)`` batch.
-
-    Returns the batch and the flat index (into N * max_len) of every packed token, used to gather back.
-    Right padding is harmless for causal operators: padded slots sit after every real token of their row.
-    """
-    total = x.shape[0]
-    n = cu_seqlens.numel() - 1
-    seq = seq_ids_from_cu_seqlens(cu_seqlens, total)
-    offset_in_seq = torch.arange(total, device=x.device) - cu_seqlens.long()[seq]
-    flat_index = seq * max_len + offset_in_seq
-    out = x.new_zeros((n * max_len, *x.shape[1:]))
-    out = out.index_copy(0, flat_index, x)
-    return out.view(n, max_len, *x.shape[1:]), flat_index
-
-
-def batch_to_packed(x: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
-    return x.reshape(-1, *x.shape[2:]).index_select(0, flat_index)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Depthwise causal conv
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -277,13 +248,13 @@ def gated_delta_rule(
 def gated_deltanet_forward(self, hidden_states: torch.Tensor, packed=None, attention_mask=None, **kwargs):
     """Qwen3.5 linear-attention block without a cache.
 
-    ``packed`` is a :class:`verl.models.transformers.qwen3_5.PackedSeqInfo` (or None: every row is one
+    ``packed`` is a :class:`verl.models.qwen3_5.hf_forward.PackedSeqInfo` (or None: every row is one
     sequence). ``attention_mask`` (B, L) is only honoured for direct calls with padding: pad positions are
     zeroed, which keeps them out of the conv window and the state (zero k contributes no update).
     """
     if kwargs.get("cache_params") is not None:  # cached decoding: the stock forward owns conv/recurrent states
         return type(self).forward(self, hidden_states, attention_mask=attention_mask, **kwargs)
-    from verl.models.transformers import qwen3_5 as q35  # local import: qwen3_5 imports this module
+    from verl.models.qwen3_5 import hf_forward as q35  # local import: the Ulysses helpers live with the layer forwards
 
     if attention_mask is not None and attention_mask.dim() == 2:
         hidden_states = hidden_states * attention_mask[..., None].to(hidden_states.dtype)

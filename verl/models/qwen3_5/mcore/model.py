@@ -10,6 +10,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from verl.models.mcore import require_megatron
+
+require_megatron()  # a clear "install the mcore extra" error before the first megatron import
+
 from megatron.core import tensor_parallel
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.models.common.language_module.language_module import LanguageModule
@@ -17,7 +21,7 @@ from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.transformer_block import TransformerBlock
 
 from verl.models.mcore.config_converter import tie_word_embeddings
-from verl.models.mcore.qwen3_5.spec import decoder_block_spec
+from verl.models.qwen3_5.mcore.spec import decoder_block_spec
 from verl.models.registry import get_text_config
 
 

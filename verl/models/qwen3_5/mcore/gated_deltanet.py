@@ -4,7 +4,7 @@ One column-parallel input projection yields, per tensor rank, [q, k, v, z, b, a]
 weight converter lays the HF ``in_proj_qkv/z/b/a`` out that way), so sequence parallelism needs a single
 all-gather. The depthwise causal conv and the gated delta rule run on whole sequences of the rank's heads and
 restart at every ``cu_seqlens`` boundary (fla's varlen kernels on CUDA, the pure-torch reference elsewhere:
-:mod:`verl.models.transformers.gated_deltanet`). The row-parallel output projection reduces over ranks.
+:mod:`verl.models.qwen3_5.gated_deltanet`). The row-parallel output projection reduces over ranks.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
-from verl.models.mcore.qwen3_5.common import (
+from verl.models.qwen3_5.mcore.common import (
     gated_rms_norm,
     maybe_checkpoint,
     packed_cu_seqlens,
@@ -24,7 +24,7 @@ from verl.models.mcore.qwen3_5.common import (
     tp_group_of,
     tp_shared_weight,
 )
-from verl.models.transformers.gated_deltanet import causal_conv1d, gated_delta_rule
+from verl.models.qwen3_5.gated_deltanet import causal_conv1d, gated_delta_rule
 
 
 class Qwen35GatedDeltaNet(MegatronModule):

@@ -8,6 +8,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from verl.models.mcore import require_megatron
+
+require_megatron()  # a clear "install the mcore extra" error before the first megatron import
+
 from megatron.core import parallel_state
 from megatron.core.transformer.module import MegatronModule
 

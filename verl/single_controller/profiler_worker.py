@@ -1,4 +1,5 @@
-"""The two worker methods the trainer's profiler hook calls; every :class:`Worker` has them."""
+"""The two worker methods the trainer's profiler hook calls; every :class:`Worker` has them (a worker concern:
+the recorder itself is :mod:`verl.utils.profiler.torch_profile`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ class ProfilerWorkerMixin:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def start_profile(self, spec: dict, label: str) -> bool:
-        from .torch_profile import TorchTraceRecorder
+        from verl.utils.profiler.torch_profile import TorchTraceRecorder
 
         if self._trace_recorder is None:
             self._trace_recorder = TorchTraceRecorder()

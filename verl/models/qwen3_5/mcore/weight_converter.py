@@ -1,4 +1,4 @@
-"""Qwen3.5 weights between Hugging Face checkpoints and the megatron-core model of :mod:`verl.models.mcore.qwen3_5`.
+"""Qwen3.5 weights between Hugging Face checkpoints and the megatron-core model of :mod:`verl.models.qwen3_5.mcore`.
 
 Pure torch (no megatron import), so every layout rule is tested on CPU.
 
@@ -42,8 +42,10 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 
-from verl.models.mcore.config_converter import is_moe, layer_pattern, tie_word_embeddings
-from verl.models.registry import get_text_config
+from verl.models.mcore.config_converter import is_moe, tie_word_embeddings
+from verl.models.mcore.weight_loading import PER_EXPERT_RE, hf_getter, strip_wrapper_prefix
+from verl.models.qwen3_5.mcore.config import layer_pattern
+from verl.models.spec import get_text_config
 
 __all__ = [
     "ParallelLayout", "Qwen35Dims", "layer_offset", "mcore_state_for_rank", "hf_to_mcore_shards", "mcore_to_hf",
@@ -324,13 +326,6 @@ def is_expert_param(name: str) -> bool:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def strip_wrapper_prefix(name: str) -> str:
-    """Drop the ``module.`` segments that DDP / Float16Module wrappers put in front of parameter names."""
-    while name.startswith("module."):
-        name = name[len("module."):]
-    return name
-
-
 def layer_offset(num_layers: int, layout: ParallelLayout, pp_rank: int, vp_stage: int = 0) -> int:
     """First global layer of a model chunk (even split; virtual stages interleave as in megatron-core)."""
     per_chunk = num_layers // (layout.pp * layout.vpp)
@@ -364,28 +359,6 @@ def global_mcore_name(local_name: str, hf_config, layout: ParallelLayout, pp_ran
 # ----------------------------------------------------------------------------------------------------------
 # HF -> mcore
 # ----------------------------------------------------------------------------------------------------------
-
-_PER_EXPERT_RE = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
-
-
-def hf_getter(state: Mapping[str, torch.Tensor]) -> Callable[[str], torch.Tensor]:
-    """A getter over an HF state dict in checkpoint layout (per-expert names) or module layout (fused experts)."""
-
-    def get(name: str) -> torch.Tensor:
-        if name in state:
-            return state[name]
-        m = _PER_EXPERT_RE.match(name)
-        if m is not None:
-            base, e, which = m.group(1), int(m.group(2)), m.group(3)
-            if which == "down" and base + ".down_proj" in state:
-                return state[base + ".down_proj"][e]
-            if which in ("gate", "up") and base + ".gate_up_proj" in state:
-                gate, up = state[base + ".gate_up_proj"][e].chunk(2, dim=0)
-                return gate if which == "gate" else up
-        raise KeyError(f"{name} is missing from the Hugging Face checkpoint")
-
-    return get
-
 
 def _chunk_names(dims: Qwen35Dims, layout: ParallelLayout, pp_rank: int, vp_stage: int, ep_rank: int):
     """(local name, global name) of every parameter in a model chunk."""
@@ -498,7 +471,7 @@ class ExpertFuser:
         self._pending: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
 
     def add(self, hf_name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        m = _PER_EXPERT_RE.match(hf_name)
+        m = PER_EXPERT_RE.match(hf_name)
         if m is None:
             return [(hf_name, tensor)]
         base, e, which = m.group(1), int(m.group(2)), m.group(3)
@@ -563,5 +536,6 @@ def mcore_shards_to_hf(shards: Mapping[tuple, Mapping[str, torch.Tensor]], hf_co
     return out
 
 
-# Loading helpers live in their own module; re-exported so the registry's converter object carries them.
-from verl.models.mcore.weight_loading import load_mcore_state, safetensors_getter  # noqa: E402
+# Loading helpers are model-independent (verl.models.mcore.weight_loading); re-exported so the registry's
+# converter object carries them.
+from verl.models.mcore.weight_loading import load_mcore_state, safetensors_getter  # noqa: E402,F401

@@ -1,0 +1,61 @@
+"""What an engine's role asks of it: which output head the model has and what it returns, whether it trains.
+
+Engines read these fields instead of comparing role names: a new role (a reward model, say) is one
+registration here, not a branch in each engine. ``BaseEngine.role`` stays the name (checkpoint layouts, logs);
+``BaseEngine.role_spec`` is the :class:`EngineRole`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl.utils.registry import Registry
+
+__all__ = ["ENGINE_ROLES", "EngineRole", "engine_role", "register_engine_role"]
+
+
+@dataclass(frozen=True)
+class EngineRole:
+    name: str
+    # "lm": the causal-LM head, outputs next-token ``log_probs`` (and ``entropy``); "value": a one-output value
+    # head in place of the LM head (fresh at load), outputs ``values``.
+    head: str
+    trainable: bool  # optimizer, scheduler and checkpoints
+    model_section: str  # where the user sets this role's model (messages name it)
+    section: str  # the role's own config section (engine settings live under it, e.g. ``<section>.megatron``)
+    lora: bool = False  # LoRA adapters wrap this role's model when the model section enables them
+
+    @property
+    def value_head(self) -> bool:
+        return self.head == "value"
+
+    @property
+    def output(self) -> str:
+        """The per-token output a loss of this role reads."""
+        return "values" if self.value_head else "log_probs"
+
+    @property
+    def multimodal(self) -> bool:
+        """Whether image/video inputs reach the model (the value model runs on the text tokens only)."""
+        return not self.value_head
+
+
+ENGINE_ROLES = Registry("engine role")
+
+
+def register_engine_role(role: EngineRole, override: bool = False) -> EngineRole:
+    return ENGINE_ROLES.register(role.name, role, override=override)
+
+
+def engine_role(name: str) -> EngineRole:
+    return ENGINE_ROLES.get_or_raise(name)
+
+
+for _role in (
+    EngineRole("actor", "lm", True, "actor_rollout_ref.model", "actor_rollout_ref.actor", lora=True),
+    EngineRole("ref", "lm", False, "actor_rollout_ref.model", "actor_rollout_ref.ref"),
+    EngineRole("critic", "value", True, "critic.model", "critic"),
+    # SFT runs the actor's engine settings (its trainer maps its own keys onto them).
+    EngineRole("sft", "lm", True, "actor_rollout_ref.model", "actor_rollout_ref.actor", lora=True),
+):
+    register_engine_role(_role)
