@@ -16,23 +16,8 @@
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/gpu_rollout_out}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-case ":${PYTHONPATH:-}:" in *":$PWD:"*) ;; *) export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" ;; esac
-PY="${PYTHON:-python3}"
+source scripts/gpu_parts.sh
 PARTS="${PARTS:-tests bench grpo actor}"
-declare -A RC SECS
-
-run_part() {
-    local name=$1 limit=$2; shift 2
-    echo "################ [$name] $(date -u +%H:%M:%S) limit ${limit}s: $*"
-    local t0=$SECONDS
-    timeout --signal=TERM --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
-    RC[$name]=$?
-    SECS[$name]=$((SECONDS - t0))
-    grep -v '^\[transformers\]' "$OUT/$name.log" | tail -n 40
-    echo "################ [$name] exit ${RC[$name]} after ${SECS[$name]}s"
-}
 
 for part in $PARTS; do
     case $part in
@@ -48,6 +33,5 @@ for part in $PARTS; do
     *) echo "unknown part $part" ;;
     esac
 done
-echo "| part | exit | seconds |"
-for part in $PARTS; do [ -n "${RC[$part]+x}" ] && echo "| $part | ${RC[$part]} | ${SECS[$part]} |"; done
+parts_summary
 exit 0

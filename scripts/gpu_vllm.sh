@@ -19,23 +19,8 @@
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/gpu_vllm_out}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_ENABLE_V1_MULTIPROCESSING=0
-case ":${PYTHONPATH:-}:" in *":$PWD:"*) ;; *) export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" ;; esac
-PY="${PYTHON:-python3}"
+source scripts/gpu_parts.sh
 PARTS="${PARTS:-setup tests grpo bench}"
-declare -A RC SECS
-
-run_part() {
-    local name=$1 limit=$2; shift 2
-    echo "################ [$name] $(date -u +%H:%M:%S) limit ${limit}s: $*"
-    local t0=$SECONDS
-    timeout --signal=TERM --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
-    RC[$name]=$?
-    SECS[$name]=$((SECONDS - t0))
-    grep -v '^\[transformers\]\|^INFO \|^(EngineCore' "$OUT/$name.log" | tail -n "${TAIL:-40}"
-    echo "################ [$name] exit ${RC[$name]} after ${SECS[$name]}s"
-}
 
 # file:time limit in seconds (each file in its own pytest process; together under one device call)
 TESTS=(test_vllm_cuda_gpu:200 test_vllm_sync_matches_fresh:110 test_vllm_rollout_lora:70 test_vllm_rollout_engine:80
@@ -65,6 +50,5 @@ for part in $PARTS; do
     *) echo "unknown part $part" ;;
     esac
 done
-echo "| part | exit | seconds |"
-for k in "${!RC[@]}"; do echo "| $k | ${RC[$k]} | ${SECS[$k]} |"; done
+parts_summary
 exit 0
