@@ -151,7 +151,8 @@ def test_rollout_metrics_merge_across_data_parallel_ranks():
     def rank_output(calls):
         cfg = OmegaConf.create({"rollout": {"response_length": 3}})
         no_cycle = SimpleNamespace(before_generate=lambda: None, after_generate=lambda: None)
-        worker = SimpleNamespace(agent_loop=FakeLoop(calls), config=cfg, rollout_cycle=no_cycle)
+        worker = SimpleNamespace(agent_loop=FakeLoop(calls), config=cfg, rollout_cycle=no_cycle,
+                                 rollout=SimpleNamespace())  # an engine without memory metrics (the hf one)
         prompts = DataProto.from_dict(tensors={"input_ids": torch.zeros(2, 4, dtype=torch.long)},
                                       meta_info={"global_steps": 1})
         return ActorRolloutRefWorker.generate_sequences(worker, prompts)
