@@ -1,6 +1,7 @@
 """Rollout throughput: the ``hf`` engine's own Qwen3.5 decode loop vs Hugging Face ``model.generate`` and vLLM.
 
-Same process, same randomly initialised model (Qwen3.5-0.8B shape, bf16; the shape of scripts/gpu_grpo_step.py):
+Same process, same randomly initialised model (Qwen3.5-0.8B shape, or ``--shape 2b`` for the 2B layer shape; bf16;
+the shapes of scripts/gpu_grpo_step.py):
 
   (1) fixed lengths: B prompts of 256 random tokens, 512 new tokens forced (no stop token), sampling at T=1
       (no top-k / top-p), B = 64 and 256. ``engine`` is ``HFRollout.generate`` (packed prefill, CUDA-graph
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import sys
 import time
@@ -43,6 +45,8 @@ SHAPE_0P8B = dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=3584
                   num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
                   linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
                   max_position_embeddings=32768, tie_word_embeddings=True)
+SHAPE_2B = dict(SHAPE_0P8B, hidden_size=2048, intermediate_size=6144)  # Qwen3.5-2B's layer shape
+SHAPES = {"0p8b": SHAPE_0P8B, "2b": SHAPE_2B}
 SHAPE_SMOKE = dict(num_hidden_layers=4, vocab_size=2048)
 
 
@@ -166,7 +170,7 @@ def length_mix(model, args, device, vocab) -> list[dict]:
     prompts, n, resp = mix_workload(args, vocab)
     useful = sum(resp)
     slots = args.mix_slots
-    log(f"length mix: {len(prompts)} prompts x n={n}, responses median {int(np.median(resp))}, max {max(resp)}, "
+    log(f"length mix: {len(prompts)} prompts x n={n}, responses median {int(statistics.median(resp))}, max {max(resp)}, "
         f"{useful} useful tokens, {slots} slots")
 
     def seqs():
@@ -279,7 +283,7 @@ def vllm_rows(model, args, device, vocab) -> list[dict]:
 def print_tables(rows, device_name, args):
     fixed = [r for r in rows if r["case"] == "fixed"]
     if fixed:
-        print(f"\n=== (1) new tokens/s, Qwen3.5-0.8B shape, {device_name}: prompts {args.prompt_len} tokens, "
+        print(f"\n=== (1) new tokens/s, Qwen3.5-{args.shape} shape, {device_name}: prompts {args.prompt_len} tokens, "
               f"{args.new_tokens} new tokens forced, sampling T=1 ===")
         table = []
         for b in args.batches:
@@ -325,6 +329,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--skip-generate", action="store_true")
+    p.add_argument("--shape", default="0p8b", choices=sorted(SHAPES), help="model shape (not with --smoke)")
     p.add_argument("--cases", default="fixed,mix")
     p.add_argument("--mix-prompts", type=int, default=128)
     p.add_argument("--mix-n", type=int, default=4)
@@ -342,12 +347,13 @@ def main(argv=None) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.smoke:
         shape, dtype = SHAPE_SMOKE, torch.float32
+        args.shape = "tiny"
         args.batches, args.prompt_len, args.new_tokens = "2,4", 16, 8
         args.mix_prompts, args.mix_n, args.mix_slots, args.mix_median = 4, 2, 3, 6
         args.mix_prompt, args.mix_clip = (5, 20), (2, 16)
         args.mix_gen_steps = 4
     else:
-        shape, dtype = SHAPE_0P8B, torch.bfloat16
+        shape, dtype = SHAPES[args.shape], torch.bfloat16
     args.batches = [int(b) for b in str(args.batches).split(",")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     model = build_model(shape, device, dtype)

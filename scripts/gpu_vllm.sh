@@ -15,7 +15,7 @@
 # Logs go to $OUT/<part>.log (default ./gpu_vllm_out). Needs on the lent machine: CUDA vLLM 0.26.0 and the project
 # wheels under /tmp/site (../shared/tools/gpu_wheels.sh --vllm, then .whl and .whlz, as its header says), then
 #   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_vllm.sh
-# Knobs: PARTS="setup tests grpo bench", T_TESTS / T_GRPO / T_BENCH (seconds), SHAPES="0p8b 2b", BENCH_ARGS.
+# Knobs: PARTS="setup tests grpo bench", TEST_FILES="test_vllm_cuda_gpu ..." (a subset of TESTS), T_TESTS / T_GRPO / T_BENCH (seconds), SHAPES="0p8b 2b", BENCH_ARGS.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/gpu_vllm_out}"
@@ -34,6 +34,7 @@ for part in $PARTS; do
            # (sync_matches_fresh: the Qwen3.5 cases and server mode; the non-Qwen3.5 models are CPU-tested)
            for entry in "${TESTS[@]}"; do
                f=${entry%%:*}
+               case " ${TEST_FILES:-${entry%%:*}} " in *" $f "*) ;; *) continue ;; esac
                run_part "tests_$f" "${T_TESTS:-${entry##*:}}" "$PY" -m pytest -q -m vllm -p no:cacheprovider \
                    -rsfE "tests/workers/rollout/$f.py" -k "not any_causal_lm"
            done ;;

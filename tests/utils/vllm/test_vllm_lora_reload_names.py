@@ -49,3 +49,35 @@ def test_names_a_module_reported_relative_to_itself_resolve_to_its_delegates_par
     # ambiguous (two candidates) or unknown names stay as reported: the coverage check still sees what is missing
     assert {"m.e.w", "m.nothing.w"} <= resolved and not {"m.e.a.w", "m.e.b.w"} & resolved
     assert "m.layers.0.mlp.experts.routed_experts.w2_weight" not in resolved  # never reported: still missing
+
+
+class _RoutedExperts(nn.Module):
+    """STAND-IN for vLLM 0.26's routed experts: the name mapping a reload builds carries ``lora_base_layer_prefix``
+    (``"base_layer."`` once LoRA wrapped the MoE layer), and the mapped name is looked up on the module itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.w13_weight = nn.Parameter(nn.init.zeros_(nn.Linear(2, 2).weight))
+        self.lora_base_layer_prefix = "base_layer."
+
+    def load_weights(self):
+        return getattr(self, f"{self.lora_base_layer_prefix}w13_weight")
+
+
+def test_routed_experts_load_without_the_lora_prefix_and_get_it_back():
+    from verl.utils.vllm.reload import routed_experts_without_lora_prefix
+
+    model = nn.Module()
+    model.experts = _Wrapped(nn.Module())
+    model.experts.base_layer.routed_experts = _RoutedExperts()
+    experts = model.experts.base_layer.routed_experts
+    try:
+        experts.load_weights()
+    except AttributeError:
+        pass  # what the reload met on the GPU
+    else:
+        raise AssertionError("the stand-in must fail like vLLM 0.26 does with the prefix set")
+    with routed_experts_without_lora_prefix(model) as n:
+        assert n == 1
+        assert experts.load_weights() is experts.w13_weight
+    assert experts.lora_base_layer_prefix == "base_layer."

@@ -98,7 +98,8 @@ def test_cuda_graphs_replay_the_reloaded_weights(tmp_path, kind):
     from tests.workers.rollout.test_vllm_sync_matches_fresh import _step_and_compare
 
     hf = build_engine_checkpoint(tmp_path / "model", kind)
-    _step_and_compare(tmp_path, hf, lambda: _engine(tmp_path / "model", enforce_eager=False))
+    # The fresh engine captures graphs too: compiled and eager kernels differ by more than run-to-run noise.
+    _step_and_compare(tmp_path, hf, lambda: _engine(tmp_path / "model", enforce_eager=False), enforce_eager=False)
 
 
 def test_server_mode_over_nccl(tmp_path, monkeypatch):
@@ -139,8 +140,10 @@ def test_lora_sync_on_moe(tmp_path):
         adapted = torch.tensor(engine.score([SEQ])[0])
         trainer = trainer_logprobs(peft_model, SEQ)
         moved = (trainer - base).abs().max().item()
-        assert moved > 0.2
-        assert (adapted - trainer).abs().max().item() < 0.25 * moved
+        assert moved > 0.2, f"the adapter moves the trainer's log-probs by only {moved:.3f}"
+        gap = (adapted - trainer).abs().max().item()
+        assert gap < 0.25 * moved, (f"engine with the adapter vs trainer {gap:.3f}, adapter's own effect {moved:.3f}; "
+                                    f"engine with vs without it {(adapted - base).abs().max().item():.3f}")
     finally:
         engine.shutdown()
         gc.collect()

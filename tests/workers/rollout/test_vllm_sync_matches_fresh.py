@@ -27,7 +27,7 @@ SEQ = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
 FRESH_TOL = 0.02
 
 
-def _step_and_compare(tmp_path, hf, make_engine, lr=0.3):
+def _step_and_compare(tmp_path, hf, make_engine, lr=0.3, **fresh_overrides):
     from verl.workers.weight_sync import iter_hf_weights
 
     engine = make_engine()
@@ -39,10 +39,13 @@ def _step_and_compare(tmp_path, hf, make_engine, lr=0.3):
     finally:
         engine.shutdown()
         gc.collect()
-    fresh = fresh_engine_scores(hf, tmp_path / "model", tmp_path / "fresh", SEQ)
-    assert (fresh - before).abs().max().item() > 0.3, "the step must move the scores for the test to mean anything"
+    fresh = fresh_engine_scores(hf, tmp_path / "model", tmp_path / "fresh", SEQ, **fresh_overrides)
+    moved = (fresh - before).abs().max().item()
+    assert moved > 0.3, "the step must move the scores for the test to mean anything"
     gap = (synced - fresh).abs().max().item()
-    assert gap < FRESH_TOL, f"synced engine differs from a fresh one by {gap:.3f}"
+    assert gap < FRESH_TOL, (f"synced engine differs from a fresh one by {gap:.3f} (the step moved the fresh "
+                             f"engine's scores by {moved:.3f}; synced vs before the step: "
+                             f"{(synced - before).abs().max().item():.3f})")
     # And both agree with the trainer (bf16 engine vs fp32 trainer).
     assert (synced - trainer_logprobs(hf, SEQ)).abs().max().item() < 0.1
 

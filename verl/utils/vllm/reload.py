@@ -14,6 +14,8 @@ coverage check uses the engine's word rather than a name mapping of ours.
 
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import logging
 from collections import defaultdict
@@ -113,6 +115,27 @@ def lora_base_layer_renamer(model: nn.Module) -> Optional[Callable[[str], str]]:
         return f"{module}.base_layer.{param}" if target in wrapped else name
 
     return rename
+
+
+@contextlib.contextmanager
+def routed_experts_without_lora_prefix(model: nn.Module):
+    """Within the block, vLLM's routed-experts modules map checkpoint names as if LoRA had not wrapped them.
+
+    vLLM 0.26's ``FusedMoEWithLoRA`` sets ``routed_experts.lora_base_layer_prefix = "base_layer."`` on the layer
+    it wraps, and ``RoutedExperts.load_weights`` builds its name mapping with that prefix but then looks the
+    result up on itself (``getattr(self, "base_layer.w13_weight")``), which no module has: every reload of a
+    LoRA-enabled MoE engine failed there (seen on an H100). The experts the reload reaches are the routed
+    experts themselves, so the prefix-free mapping is the right one for them; it is restored afterwards.
+    """
+    touched = [m for m in model.modules() if getattr(m, "lora_base_layer_prefix", "")]
+    saved = [m.lora_base_layer_prefix for m in touched]
+    for m in touched:
+        m.lora_base_layer_prefix = ""
+    try:
+        yield len(touched)
+    finally:
+        for m, prefix in zip(touched, saved):
+            m.lora_base_layer_prefix = prefix
 
 
 def resolve_delegated_names(reported: set[str], param_names: set[str]) -> set[str]:

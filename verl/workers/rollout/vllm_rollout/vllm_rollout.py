@@ -273,6 +273,7 @@ class vLLMRollout(BaseRollout):
             refresh_aliased_layers,
             resolve_delegated_names,
             repack_cpu_moe_experts,
+            routed_experts_without_lora_prefix,
         )
 
         sent: list[str] = []  # HF names handed on (to the loader or the runtime-layout writer)
@@ -294,7 +295,7 @@ class vLLMRollout(BaseRollout):
                     yield (n if wrapped_name is None else wrapped_name(n)), t
 
         model = self.engine_model
-        with LoadedNames(model, loader=self.custom_loader) as loaded:
+        with LoadedNames(model, loader=self.custom_loader) as loaded, routed_experts_without_lora_prefix(model):
             self.worker.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
         if writer is not None:
             self._finish_ascend_experts(writer)
