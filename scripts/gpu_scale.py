@@ -1,0 +1,361 @@
+"""Real-size Qwen3.5 GRPO on one host of several GPUs (issue 20): 9B dense on FSDP2, 35B-A3B MoE on Megatron.
+
+Every run goes through ``python -m verl.trainer.main_ppo`` with the Ray launcher and the built-in (``hf``)
+rollout, on a randomly initialised checkpoint with the real Hugging Face configs' layer shapes:
+
+* ``9b``: Qwen3_5TextConfig's defaults, the 9B shape (hidden 4096, 32 layers L,L,L,F, FFN 12288, 16 q / 4 kv
+  heads x 256, Gated DeltaNet 16 k / 32 v heads x 128, vocab 248,320, untied);
+* ``35b_a3b``: Qwen3_5MoeTextConfig's defaults, the 35B-A3B shape (hidden 2048, 256 experts top-8, expert FFN
+  512, shared expert 512, vocab 248,320), with ``--layers`` of its 40 layers (what fits is stated in the run).
+
+A random model almost never samples its EOS token (1 in 248k), so every response would run to the limit. To
+get a long-tailed length mix instead, the checkpoint's EOS row of the LM head is set to ``alpha * e_k`` (``k``
+the hidden dimension that varies most over positions) with ``alpha`` solved so that the mean EOS probability
+per position, measured on random token sequences, is ``1 / --mean-response``: lengths then come out roughly
+geometric with that mean, clipped at ``--max-response``. What was really generated is printed per step
+(``response_length/mean`` / ``max``); the model is otherwise untouched.
+
+Each case runs twice: steps 1-3 with a checkpoint saved after step 3, then a resumed run (``resume_mode=auto``)
+that loads it and trains step 4. The table per step: seconds per phase (gen, old log-prob, ref, update, weight
+sync, save), tokens/s per GPU, MFU of the actor update against the datasheet (``perf/mfu/actor``) and against
+a bf16 matmul ceiling measured first in the same run, peak memory per GPU, and the generation share.
+
+    python scripts/gpu_scale.py fsdp --gpus 4                       # 9B on FSDP2
+    python scripts/gpu_scale.py megatron --gpus 4 --ep 4            # 35B-A3B on Megatron, EP=4
+    python scripts/gpu_scale.py megatron --gpus 4 --tp 2 --ep 2     # TP=2 x EP=2
+    python scripts/gpu_scale.py fsdp --tiny --device cpu --gpus 1   # the same path, tiny shapes, CPU (smoke)
+    python scripts/gpu_scale.py check                               # compose + validate every command (CPU)
+
+``--stage build|train|resume`` runs one stage (the device tool's calls last at most 10 minutes; the checkpoint,
+metrics and wall times stay in ``--workdir`` for the next stage, which prints the table so far).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+SHAPES = {  # overrides of the Hugging Face config class's defaults (which are the real shapes)
+    "9b": dict(kind="dense", layers=32, kw={}),
+    "35b_a3b": dict(kind="moe", layers=40, kw={}),
+    "tiny_dense": dict(kind="dense", layers=4, kw=dict(vocab_size=2048)),
+    "tiny_moe": dict(kind="moe", layers=4, kw=dict(vocab_size=2048, num_experts=8, num_experts_per_tok=2,
+                                                   moe_intermediate_size=32, shared_expert_intermediate_size=32)),
+}
+PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "save_checkpoint", "step"]
+
+
+def _config(shape: str, layers: int | None):
+    import transformers as tf
+
+    from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
+
+    spec = SHAPES[shape]
+    cls = tf.Qwen3_5TextConfig if spec["kind"] == "dense" else tf.Qwen3_5MoeTextConfig
+    n = layers or spec["layers"]
+    if shape.startswith("tiny"):
+        kw = tiny_text_config_kwargs(num_hidden_layers=n, tie_word_embeddings=False, **spec["kw"])
+    else:
+        # the real shape: the class defaults, with the tiny tokenizer's special ids and the layer count
+        tiny = tiny_text_config_kwargs(num_hidden_layers=n)
+        kw = dict(num_hidden_layers=n, layer_types=tiny["layer_types"], pad_token_id=tiny["pad_token_id"],
+                  eos_token_id=tiny["eos_token_id"], bos_token_id=None, **spec["kw"])
+    cfg = cls(**kw)
+    cfg.architectures = ["Qwen3_5ForCausalLM" if spec["kind"] == "dense" else "Qwen3_5MoeForCausalLM"]
+    return cfg
+
+
+def calibrate_eos(model, eos_id: int, mean_len: float, device: str, seq_len: int = 256) -> tuple[float, int]:
+    """Set the LM head's EOS row to ``alpha * e_k`` so the mean EOS probability over random sequences is
+    ``1 / mean_len``; returns ``(alpha, k)``."""
+    import torch
+
+    vocab = model.config.vocab_size
+    g = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, vocab, (2, seq_len), generator=g).to(device)
+    with torch.no_grad():
+        h = model.model(input_ids=ids).last_hidden_state.float().reshape(-1, model.config.hidden_size)
+        w = model.lm_head.weight
+        w[eos_id].zero_()
+        others = torch.cat([(h @ w[:eos_id].float().T), (h @ w[eos_id + 1:].float().T)], dim=-1)
+        lse = torch.logsumexp(others, dim=-1)
+        k = int(h.var(dim=0).argmax())
+        x = h[:, k]
+
+        def mean_p(alpha: float) -> float:
+            z = alpha * x
+            return torch.exp(z - torch.logaddexp(lse, z)).mean().item()
+
+        lo, hi, target = 0.0, 1.0, 1.0 / mean_len
+        while mean_p(hi) < target and hi < 1e6:
+            hi *= 2
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if mean_p(mid) < target else (lo, mid)
+        w[eos_id, k] = hi
+    return hi, k
+
+
+def build_checkpoint(path: Path, shape: str, layers: int | None, device: str, mean_len: float) -> dict:
+    import torch
+    import transformers as tf
+
+    from verl.models.tiny import build_tiny_tokenizer
+
+    cfg = _config(shape, layers)
+    cls = tf.Qwen3_5ForCausalLM if SHAPES[shape]["kind"] == "dense" else tf.Qwen3_5MoeForCausalLM
+    t0 = time.time()
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.set_default_dtype(dtype)  # build in the saved dtype: a 35B fp32 copy would not fit one GPU
+    try:
+        with torch.device(device):
+            model = cls(cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.eval()
+    alpha, k = calibrate_eos(model, cfg.eos_token_id, mean_len, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path))
+    build_tiny_tokenizer(path)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    info = dict(shape=shape, layers=cfg.num_hidden_layers, params_b=n_params / 1e9, eos_alpha=alpha, eos_dim=k,
+                seconds=time.time() - t0)
+    (path / "scale_info.json").write_text(json.dumps(info))
+    print(f"[scale] checkpoint {path}: {info}", flush=True)
+    return info
+
+
+def matmul_ceiling_tflops(device: str, n: int = 8192, reps: int = 30) -> float | None:
+    """Median bf16 matmul TFLOP/s after the clocks ramp (a warm-up second), on this process's GPU."""
+    import torch
+
+    if device != "cuda":
+        return None
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t_end = time.time() + 1.0
+    while time.time() < t_end:
+        a @ b
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
+def _common(args, model_dir: Path, data: Path, ckpt: Path, steps: int, resume: bool) -> list[str]:
+    tok = args.max_prompt + args.max_response
+    return [
+        "trainer.launcher=ray", f"trainer.device={args.device}", "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_training_steps={steps}",
+        "trainer.logger=[console,file]", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.save_freq=3", f"trainer.default_local_dir={ckpt}",
+        f"trainer.resume_mode={'auto' if resume else 'disable'}",
+        f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data}", f"data.val_files={data}",
+        f"data.train_batch_size={args.prompts}", f"data.max_prompt_length={args.max_prompt}",
+        f"data.max_response_length={args.max_response}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true", f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tok * 2}",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
+        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={tok * 4}",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={tok * 4}",
+        "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.rollout.n={args.n}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.entropy_coeff=0.01", "algorithm.adv_estimator=grpo",
+    ]
+
+
+def fsdp_overrides(args, model_dir, data, ckpt, steps, resume) -> list[str]:
+    return ["--config-name", "ppo_trainer", *_common(args, model_dir, data, ckpt, steps, resume),
+            "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+            "actor_rollout_ref.model.use_remove_padding=true",
+            f"actor_rollout_ref.actor.fsdp_config.optimizer_offload={str(args.offload).lower()}",
+            "actor_rollout_ref.ref.fsdp_config.param_offload=true", *args.extra]
+
+
+def megatron_overrides(args, model_dir, data, ckpt, steps, resume) -> list[str]:
+    return ["--config-name", "ppo_megatron_trainer", *_common(args, model_dir, data, ckpt, steps, resume),
+            f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={args.tp}",
+            f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={args.ep}",
+            f"actor_rollout_ref.ref.megatron.tensor_model_parallel_size={args.tp}",
+            f"actor_rollout_ref.ref.megatron.expert_model_parallel_size={args.ep}",
+            "actor_rollout_ref.actor.megatron.use_remove_padding=true",
+            "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true",
+            f"actor_rollout_ref.actor.megatron.optimizer_offload={str(args.offload).lower()}",
+            "actor_rollout_ref.ref.megatron.param_offload=true", *args.extra]
+
+
+def _run(overrides: list[str], log: Path, cwd: Path, timeout: int) -> tuple[int, float, list[dict]]:
+    if log.exists():
+        log.unlink()
+    env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(log), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (env.get("PYTHONPATH", ""), str(REPO)) if x)
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+    print("[scale] " + " ".join(cmd), flush=True)
+    t0 = time.time()
+    try:
+        rc = subprocess.call(cmd, cwd=str(cwd), env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        rc = 124
+    wall = time.time() - t0
+    print(f"[scale] exit {rc} after {wall:.1f}s", flush=True)
+    return rc, wall, _steps_of(log)
+
+
+def _assets(args, shape: str) -> tuple[Path, Path, dict]:
+    from gpu_grpo_step import build_data
+
+    work = Path(args.workdir) / f"{shape}_{args.layers or 'all'}"
+    model_dir = work / "model"
+    if not (model_dir / "scale_info.json").exists():
+        build_checkpoint(model_dir, shape, args.layers, args.device, args.mean_response)
+    info = json.loads((model_dir / "scale_info.json").read_text())
+    data = work / "data" / "train.parquet"
+    if not data.exists():  # the tiny tokenizer is character-level: filler characters ~ prompt tokens
+        build_data(data, n_rows=args.prompts * 4, filler_chars=args.prompt_chars)
+    return model_dir, data, info
+
+
+def report(steps: list[dict], info: dict, args, ceiling: float | None, walls: tuple[float, float]) -> None:
+    from verl.utils.flops_counter import get_device_flops
+
+    keys = [k for k in PHASES if any(f"timing_s/{k}" in r["data"] for r in steps)]
+    print(f"\n=== {info['shape']} ({info['layers']} layers, {info['params_b']:.2f} B params), {args.what}, "
+          f"{args.gpus} x {args.device_name}: {args.prompts} prompts x n={args.n}, prompts ~{args.prompt_chars} "
+          f"tokens, responses <= {args.max_response} (mean aimed at {args.mean_response:.0f}) ===")
+    cols = [f"{k} s" for k in keys] + ["resp mean / max", "tok/s/GPU", "MFU datasheet", "MFU measured",
+                                       "peak GiB", "gen share"]
+    print("| step | " + " | ".join(cols) + " |")
+    print("|" + "---|" * (len(cols) + 1))
+    promised = get_device_flops("T", args.device_name) if args.device == "cuda" else float("inf")
+    for r in steps:
+        d = r["data"]
+        mfu = d.get("perf/mfu/actor")
+        cells = [f"{d[f'timing_s/{k}']:.1f}" if f"timing_s/{k}" in d else "-" for k in keys]
+        cells += [f"{d.get('response_length/mean', 0):.0f} / {d.get('response_length/max', 0):.0f}",
+                  f"{d.get('perf/throughput', 0):,.0f}",
+                  f"{100 * mfu:.1f} %" if mfu is not None else "-",
+                  f"{100 * mfu * promised / ceiling:.1f} %" if mfu is not None and ceiling else "-",
+                  f"{d.get('perf/max_memory_allocated_gb', float('nan')):.1f}",
+                  f"{100 * d.get('timing_s/gen', 0) / d['timing_s/step']:.0f} %"]
+        print(f"| {r['step']} | " + " | ".join(cells) + " |")
+    print(f"\nbf16 matmul ceiling measured: {f'{ceiling:.0f} TFLOP/s' if ceiling else 'n/a'}; datasheet "
+          f"{promised:.0f} TFLOP/s. Run 1 (steps 1-3 + save) {walls[0]:.0f} s wall; resumed run (load + step 4) "
+          f"{walls[1]:.0f} s wall. EOS row alpha {info['eos_alpha']:.3g} on dim {info['eos_dim']}.", flush=True)
+
+
+def _steps_of(log: Path) -> list[dict]:
+    records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+    return [r for r in records if "timing_s/step" in r["data"]]
+
+
+def run_case(args, shape: str, make) -> int:
+    """``--stage all`` = build, train (steps 1-3 + save), resume (step 4); each stage alone fits a device call
+    of limited length (the machine's /tmp, where the checkpoint and metrics live, survives between calls)."""
+    import torch
+
+    args.device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    model_dir, data, info = _assets(args, shape)
+    if args.stage == "build":
+        return 0
+    work = model_dir.parent
+    ckpt = work / f"ckpt_{args.what}_{args.tp}x{args.ep}"
+    walls = work / f"walls_{args.what}_{args.tp}x{args.ep}.json"
+    seen = json.loads(walls.read_text()) if walls.exists() else {}
+    rc = 0
+    for stage, steps, resume in (("train", 3, False), ("resume", 4, True)):
+        if args.stage not in ("all", stage):
+            continue
+        if stage == "train":
+            seen["ceiling"] = matmul_ceiling_tflops(args.device)
+        rc, wall, _ = _run(make(args, model_dir, data, ckpt, steps, resume), work / f"{stage}_{args.tp}x{args.ep}.jsonl",
+                           work, args.timeout)
+        seen[stage] = dict(rc=rc, wall=wall)
+        walls.write_text(json.dumps(seen))
+        if rc:
+            break
+    steps = (_steps_of(work / f"train_{args.tp}x{args.ep}.jsonl")
+             + _steps_of(work / f"resume_{args.tp}x{args.ep}.jsonl"))
+    report(steps, info, args, seen.get("ceiling"),
+           (seen.get("train", {}).get("wall", 0.0), seen.get("resume", {}).get("wall", 0.0)))
+    done = [r["step"] for r in steps]
+    ok = rc == 0 and done == ([1, 2, 3] if args.stage == "train" else [1, 2, 3, 4])
+    print(f"[scale {args.what}] {'OK' if ok else 'FAILED'} (stage {args.stage}, exit {rc}, steps {done})", flush=True)
+    return 0 if ok else 1
+
+
+def check(args) -> int:
+    """Compose and validate both commands at full shape (CPU, no run): they must stay valid as the config moves."""
+    from verl.trainer.main_ppo import load_config
+
+    work = Path(args.workdir) / "check"
+    for shape in ("tiny_dense", "tiny_moe"):
+        model_dir = work / shape / "model"
+        if not (model_dir / "scale_info.json").exists():
+            build_checkpoint(model_dir, shape, None, "cpu", args.mean_response)
+    data = work / "data.parquet"
+    from gpu_grpo_step import build_data
+
+    build_data(data, n_rows=8, filler_chars=50)
+    for what, make, shape in (("fsdp", fsdp_overrides, "tiny_dense"), ("megatron", megatron_overrides, "tiny_moe")):
+        a = argparse.Namespace(**{**vars(args), "what": what, "gpus": 4, "tp": 2, "ep": 2, "device": "cuda"})
+        for resume in (False, True):
+            load_config(make(a, work / shape / "model", data, work / "ckpt", 4, resume))
+    print("[scale check] every command composes and validates", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["fsdp", "megatron", "check"])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--gpus", type=int, default=4)
+    p.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke test of this script)")
+    p.add_argument("--layers", type=int, default=None, help="layer count (default: the real model's)")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--offload", action="store_true", help="optimizer offload to the CPU")
+    p.add_argument("--prompts", type=int, default=32, help="prompts per step (train_batch_size)")
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--prompt-chars", type=int, default=1000, help="filler per prompt (~tokens)")
+    p.add_argument("--max-prompt", type=int, default=1280)
+    p.add_argument("--max-response", type=int, default=4096)
+    p.add_argument("--mean-response", type=float, default=1024.0)
+    p.add_argument("--stage", default="all", choices=["all", "build", "train", "resume"],
+                   help="build the checkpoint only, run steps 1-3 + save, run the resumed step 4, or all three")
+    p.add_argument("--workdir", default="/tmp/verl_scale")
+    p.add_argument("--timeout", type=int, default=3000, help="seconds per main_ppo launch")
+    p.add_argument("extra", nargs="*", help="more main_ppo overrides (key=value)")
+    args = p.parse_args(argv)
+    if args.what == "check":
+        return check(args)
+    if args.tiny:
+        args.prompts, args.n, args.prompt_chars, args.max_prompt = 4, 2, 40, 128
+        args.max_response, args.mean_response = 32, 12.0
+    if args.what == "fsdp":
+        return run_case(args, "tiny_dense" if args.tiny else "9b", fsdp_overrides)
+    return run_case(args, "tiny_moe" if args.tiny else "35b_a3b", megatron_overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
