@@ -181,11 +181,8 @@ def chunked_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, c
     k_beta = k * beta[..., None]
     a_mat = (k_beta @ k.transpose(-1, -2)) * rel
     system = a_mat.tril(-1) + torch.eye(chunk_size, dtype=q.dtype, device=q.device)
-    # One solve for both right-hand sides (columns are solved independently): half the solver calls, which
-    # dominate this path on short rows.
-    rhs = torch.cat([v * beta[..., None], k_beta * cum.exp()[..., None]], dim=-1)
-    u_from_v, u_from_state = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True).split(
-        [dv, dk], dim=-1)
+    u_from_v = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    u_from_state = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False, unitriangular=True)
     qk = (q @ k.transpose(-1, -2)) * rel
     q_decayed = q * cum.exp()[..., None]
     k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
@@ -236,24 +233,11 @@ def gated_delta_rule(
         raise ValueError("packed gated delta rule expects a single row")
     if max_seqlen is None:
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    rows, index = packed_rule_rows(q, k, v, g, beta, cu_seqlens, max_seqlen)
+    # Lay the sequences out as right-padded rows: padded slots follow every real token, so they cannot
+    # influence it, and each row starts from a zero state.
+    rows, index = zip(*(packed_to_batch(z[0], cu_seqlens, max_seqlen) for z in (q, k, v, g, beta)))
     out = chunked_gated_delta_rule(*rows, chunk_size=min(chunk_size, max(16, max_seqlen)))[0]
-    return batch_to_packed(out, index).unsqueeze(0).to(v.dtype)
-
-
-def packed_rule_rows(q, k, v, g, beta, cu_seqlens: torch.Tensor, max_seqlen: int):
-    """The packed (1, T, ...) inputs of the rule as right-padded fp32 rows (q, k, v, g, beta), and the flat
-    index that gathers the rows' outputs back into packed order.
-
-    Padded slots follow every real token of their row, so they cannot influence it, and each row starts from a
-    zero state (pad slots have k = 0 and beta = 0, so they also leave a row's final state untouched). The five
-    inputs travel as one tensor: one scatter forward and one gather backward instead of five of each.
-    """
-    dk, dv = k.shape[-1], v.shape[-1]
-    joint = torch.cat([q.float(), k.float(), v.float(), g.float()[..., None], beta.float()[..., None]], dim=-1)
-    rows, index = packed_to_batch(joint[0], cu_seqlens, max_seqlen)
-    q, k, v, g, beta = rows.split([dk, dk, dv, 1, 1], dim=-1)
-    return (q, k, v, g.squeeze(-1), beta.squeeze(-1)), index
+    return batch_to_packed(out, index[0]).unsqueeze(0).to(v.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -92,9 +92,10 @@ def _rule_with_final_state(q, k, v, g, beta, cu, max_len):
         return rule(q, k, v, g=g, beta=beta, initial_state=None, output_final_state=True,
                     cu_seqlens=cu.long(), use_qk_l2norm_in_kernel=True)
     q, k = gdn.l2_normalize(q.float()), gdn.l2_normalize(k.float())
-    rows, index = gdn.packed_rule_rows(q, k, v, g, beta, cu, max_len)
+    # Right-padded rows: pad slots have k = 0 and beta = 0, so they leave each row's final state untouched.
+    rows, index = zip(*(gdn.packed_to_batch(z[0], cu, max_len) for z in (q, k, v, g, beta)))
     out, final = gdn.chunked_gated_delta_rule(*rows, chunk_size=min(64, max(16, max_len)))
-    return gdn.batch_to_packed(out, index).unsqueeze(0).to(v.dtype), final
+    return gdn.batch_to_packed(out, index[0]).unsqueeze(0).to(v.dtype), final
 
 
 class Qwen35Runner:
