@@ -3,7 +3,8 @@
 #
 #   tests   pytest -m gpu tests/workers/rollout/test_hf_engine_gpu.py  (fla in-place recurrent step vs the
 #           torch reference, CUDA-graph replay vs eager, greedy parity with generate in fp32, torch varlen
-#           attention vs padded SDPA)
+#           attention vs padded SDPA); tests/workers/rollout/test_fused_sampler_gpu.py (the fused sampler's
+#           Triton kernel vs its torch path, its distribution, CUDA-graph replay)
 #   bench   benchmarks/bench_rollout.py  (engine vs model.generate: 0.8B shape, B=64/256, 256+512 tokens;
 #           GRPO-like length mix with continuous vs static batching)
 #   grpo    scripts/gpu_grpo_step.py     (one GRPO step with the hf engine: generation's share of the step)
@@ -22,7 +23,7 @@ PARTS="${PARTS:-tests bench grpo actor}"
 for part in $PARTS; do
     case $part in
     tests) run_part tests "${T_TESTS:-240}" "$PY" -m pytest -q -m gpu tests/workers/rollout/test_hf_engine_gpu.py \
-               -p no:cacheprovider -rsfE ;;
+               tests/workers/rollout/test_fused_sampler_gpu.py -p no:cacheprovider -rsfE ;;
     bench) run_part bench "${T_BENCH:-360}" "$PY" benchmarks/bench_rollout.py --json "$OUT/bench_rollout.json" \
                ${BENCH_ARGS:-} ;;
     grpo)  run_part grpo "${T_GRPO:-240}" "$PY" scripts/gpu_grpo_step.py --workdir /tmp/verl_rollout_grpo \
