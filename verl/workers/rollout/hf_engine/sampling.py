@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from verl.workers.rollout.hf_engine import fused_sampler
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -69,11 +71,9 @@ def sample_tokens(logits: torch.Tensor, cfg: SamplerConfig, keys: torch.Tensor, 
     vocab = logits.shape[-1]
     if not cfg.greedy and ((0 < cfg.top_k < vocab) or cfg.top_p < 1.0):
         return filtered_sample_tokens(logits, cfg, keys, steps, suppress_index)
-    from verl.workers.rollout.hf_engine.fused_sampler import fused_sample
-
     u = None if cfg.greedy else counter_uniform(keys, steps)
     temperature = 1.0 if cfg.greedy else float(cfg.temperature)
-    return fused_sample(logits, temperature, u, suppress_index)
+    return fused_sampler.fused_sample(logits, temperature, u, suppress_index)
 
 
 def filtered_sample_tokens(logits: torch.Tensor, cfg: SamplerConfig, keys: torch.Tensor, steps: torch.Tensor,
