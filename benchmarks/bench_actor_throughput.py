@@ -25,7 +25,9 @@ Both sides use gradient checkpointing (``use_reentrant=False``) and bf16 paramet
 Useful tokens/s = real (non-pad) tokens / median step time (CUDA events, after warm-up). MFU: model FLOPs of
 the real tokens (``verl.utils.flops_counter.count_flops``: 3 x forward, both layer types, causal attention,
 chunked delta rule; recomputation from checkpointing not counted) per second, over the bf16 matmul ceiling
-measured in the same run (8192^3 ``torch.mm`` loop) and over the datasheet peak.
+measured in the same run (median of 100 timed 8192^3 ``torch.mm`` after the clocks ramp, see
+``common.matmul_ceiling``) and over the datasheet dense bf16 peak of the card, identified by name
+(``verl.utils.flops_counter.get_device_flops``: H100 SXM / H200 989, H100 NVL 835, H100 PCIe 756 TFLOP/s).
 
     python benchmarks/bench_actor_throughput.py            # CUDA: Qwen3.5-2B shape, bf16
     python benchmarks/bench_actor_throughput.py --smoke    # tiny shapes; runs on CPU (torch backend only)
@@ -50,7 +52,7 @@ def log(msg: str) -> None:
     print(f"[actor +{time.time() - _T0:5.1f}s] {msg}", flush=True)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import fmt_table, grpo_length_mix, matmul_ceiling_tflops, median, sync, time_fn  # noqa: E402
+from common import fmt_table, grpo_length_mix, matmul_ceiling, median, sync, time_fn  # noqa: E402
 
 SHAPE_2B = dict(
     hidden_size=2048,
@@ -222,11 +224,17 @@ def run(args) -> dict:
           f"{len(lengths)} seqs, {useful} real tokens, L_max={lmax}, padded tokens={len(lengths) * lmax}, "
           f"pad fraction={pad_frac:.3f}")
 
-    ceiling = None
+    ceiling = ceiling_info = None
     if not args.no_ceiling:
-        ceiling = matmul_ceiling_tflops(device, n=8192 if cuda else 512, iters=50 if cuda else 2)
-        log(f"measured matmul ceiling: {ceiling:.1f} TFLOP/s ({'bf16' if cuda else 'fp32'})")
-    datasheet = get_device_flops("T")
+        measured = (matmul_ceiling(device, n=args.ceiling_n, samples=args.ceiling_samples) if cuda
+                    else matmul_ceiling(device, n=256, samples=5, min_warmup_s=0.1, max_warmup_s=1.0))
+        ceiling, ceiling_info = measured.median_tflops, measured.describe()
+        log(f"measured matmul ceiling: {ceiling_info}")
+    device_name = torch.cuda.get_device_name(device) if cuda else "CPU"
+    datasheet = get_device_flops("T", device_name)
+    log(f"datasheet dense bf16 peak for {device_name!r}: {datasheet:.0f} TFLOP/s"
+        + (f"; the measured ceiling is {100 * ceiling / datasheet:.1f}% of it" if ceiling and math.isfinite(datasheet)
+           else ""))
 
     model, cfg = build_model(shape, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
@@ -250,7 +258,7 @@ def run(args) -> dict:
     def _summary():
         return dict(device=str(device), device_name=torch.cuda.get_device_name(device) if cuda else "cpu",
                     n_seqs=len(lengths), useful_tokens=useful, l_max=lmax, pad_fraction=pad_frac,
-                    params=n_params, ceiling_tflops=ceiling, datasheet_tflops=datasheet,
+                    params=n_params, ceiling_tflops=ceiling, ceiling_info=ceiling_info, datasheet_tflops=datasheet,
                     train_flops_useful=train_flops, train_flops_padded=padded_flops, results=dict(results))
 
     for impl in impls:
@@ -331,8 +339,8 @@ def print_tables(s: dict, partial: bool = False) -> None:
                      "MFU (datasheet)", "peak GiB", "mean abs dlogp vs first row"], rows))
     ceiling = s["ceiling_tflops"]
     print(f"\n=== (c) training-step MFU: {s['train_flops_useful'] / 1e12:.1f} TFLOP per step on useful tokens "
-          f"(3 x fwd, GDN + full-attention layers, LM head), measured bf16 matmul ceiling "
-          f"{ceiling:.1f} TFLOP/s, datasheet {s['datasheet_tflops']:.0f} TFLOP/s ===" if ceiling else "")
+          f"(3 x fwd, GDN + full-attention layers, LM head), measured matmul ceiling {s['ceiling_info']}, "
+          f"datasheet {s['datasheet_tflops']:.0f} TFLOP/s ({s['device_name']}) ===" if ceiling else "")
     if stock and not stock.get("oom") and stock.get("padded_tflops"):
         print(f"stock, counting the pad tokens it computes ({s['train_flops_padded'] / 1e12:.1f} TFLOP): "
               f"{stock['padded_tflops']:.1f} TFLOP/s = {100 * stock['padded_tflops'] / ceiling:.1f}% of the ceiling"
@@ -352,6 +360,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-ceiling", action="store_true", help="skip the matmul ceiling measurement")
+    p.add_argument("--ceiling-n", type=int, default=8192, help="matmul size of the ceiling (CUDA)")
+    p.add_argument("--ceiling-samples", type=int, default=100, help="timed matmuls whose median is the ceiling")
     p.add_argument("--json", default=None, help="write the numbers here")
     args = p.parse_args(argv)
     if args.smoke:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -40,22 +41,74 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def matmul_ceiling_tflops(device: torch.device, n: int = 8192, iters: int = 20, repeat: int = 5) -> float:
-    """Measured bf16 dense matmul rate (TFLOP/s): median over ``repeat`` timings of ``iters`` back-to-back
-    ``n x n @ n x n`` products on random data (three operand sets rotated, so no run hits a warm cache)."""
+@dataclass
+class MatmulCeiling:
+    """A measured dense matmul rate: the median over many timed products taken after the clocks ramped."""
+
+    median_tflops: float
+    max_tflops: float
+    n: int
+    samples: int
+    warmup_s: float
+    dtype: str
+
+    def describe(self) -> str:
+        return (f"{self.median_tflops:.4g} TFLOP/s {self.dtype} (median of {self.samples} timed {self.n}^3 matmuls "
+                f"after {self.warmup_s:.1f} s of warm-up; fastest {self.max_tflops:.4g})")
+
+
+def matmul_ceiling(device: torch.device, n: int = 8192, samples: int = 100, min_warmup_s: float = 2.0,
+                   max_warmup_s: float = 15.0) -> MatmulCeiling:
+    """Measured dense matmul rate (bf16 on CUDA, fp32 on CPU) of ``n x n @ n x n`` on random data.
+
+    A GPU starts a run at lower clocks and ramps under load, so a short timing reads low (an 8192^3 loop timed
+    from cold read 674 TFLOP/s on an H200 that sustains ~774). Warm-up runs for at least ``min_warmup_s`` and
+    until three consecutive groups of products agree within 1 % (at most ``max_warmup_s``); then ``samples``
+    products are timed one by one (CUDA events around each, three operand sets rotated) and the median is the
+    ceiling, so an outlier neither way moves it.
+    """
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)
     sets = [(torch.randn(n, n, device=device, dtype=dtype, generator=gen),
              torch.randn(n, n, device=device, dtype=dtype, generator=gen)) for _ in range(3)]
     out = torch.empty(n, n, device=device, dtype=dtype)
+    flop = 2 * n**3
 
-    def loop():
-        for i in range(iters):
+    def group(k: int) -> None:
+        for i in range(k):
             a, b = sets[i % 3]
             torch.mm(a, b, out=out)
 
-    secs = median(time_fn(loop, device, warmup=2, repeat=repeat))  # warm-up also lets the clocks settle
-    return 2 * n**3 * iters / secs / 1e12
+    per_group = 10 if device.type == "cuda" else 1
+    t0 = time.perf_counter()
+    rates: list[float] = []
+    while True:
+        secs = median(time_fn(lambda: group(per_group), device, warmup=0, repeat=1))
+        rates.append(flop * per_group / secs / 1e12)
+        elapsed = time.perf_counter() - t0
+        last = rates[-3:]
+        settled = len(last) == 3 and max(last) <= 1.01 * min(last)
+        if elapsed >= max_warmup_s or (elapsed >= min_warmup_s and settled):
+            break
+    warmup_s = time.perf_counter() - t0
+    times = []
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(samples)]
+        for i, (start, end) in enumerate(events):
+            a, b = sets[i % 3]
+            start.record()
+            torch.mm(a, b, out=out)
+            end.record()
+        torch.cuda.synchronize(device)
+        times = [start.elapsed_time(end) / 1e3 for start, end in events]
+    else:
+        for i in range(samples):
+            a, b = sets[i % 3]
+            t1 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            times.append(time.perf_counter() - t1)
+    return MatmulCeiling(median_tflops=flop / median(times) / 1e12, max_tflops=flop / min(times) / 1e12, n=n,
+                         samples=samples, warmup_s=warmup_s, dtype=str(dtype).replace("torch.", ""))
 
 
 def grpo_length_mix(n: int = 16, seed: int = 1, prompt_range=(100, 500), response_median: float = 700.0,

@@ -97,6 +97,8 @@ def test_unknown_model_type_reads_zero():
 def test_device_flops():
     assert get_device_flops("T", "NVIDIA H100 80GB HBM3") == pytest.approx(989)
     assert get_device_flops("T", "NVIDIA H200") == pytest.approx(989)  # not H20's 148
+    assert get_device_flops("T", "NVIDIA H100 PCIe") == pytest.approx(756)  # not the SXM part's 989
+    assert get_device_flops("T", "NVIDIA H100 NVL") == pytest.approx(835)
     assert get_device_flops("T", "NVIDIA A100-SXM4-80GB") == pytest.approx(312)
     assert get_device_flops("G", "CPU") == pytest.approx(448)
     assert get_device_flops("B", "NVIDIA H20") == pytest.approx(148e12)

@@ -57,7 +57,9 @@ GDN_CHUNK_SIZE = 64
 # Dense bf16 tensor-core peak per device, FLOP/s (no sparsity).
 _DEVICE_FLOPS = {
     "CPU": 448e9,
-    "H100": 989e12,
+    "H100": 989e12,  # SXM (the name reads "NVIDIA H100 80GB HBM3")
+    "H100 NVL": 835e12,
+    "H100 PCIe": 756e12,
     "H800": 989e12,
     "H200": 989e12,
     "H20": 148e12,

@@ -93,6 +93,14 @@ def test_override_optimizer_config_adds_constructor_arguments(key):
     assert opt.param_groups[0]["eps"] == 0.25 and opt.param_groups[0]["amsgrad"] is True
 
 
+def test_cpu_parameters_get_the_multi_tensor_step_unless_overridden():
+    """torch's default on CPU is the per-parameter loop; the engine asks for foreach there (same math)."""
+    key = "actor_rollout_ref.actor.optim.override_optimizer_config"
+    assert build_optimizer(torch.nn.Linear(3, 2), _section(key, "{}")).param_groups[0]["foreach"] is True
+    opt = build_optimizer(torch.nn.Linear(3, 2), _section(key, "{foreach:false}"))
+    assert opt.param_groups[0]["foreach"] is False
+
+
 @pytest.mark.parametrize("key", ["actor_rollout_ref.actor.optim.clip_grad", "critic.optim.clip_grad",
                                  "optim.clip_grad"])
 def test_clip_grad_is_the_engines_gradient_clip(key):

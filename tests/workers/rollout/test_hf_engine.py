@@ -113,6 +113,14 @@ def test_n_samples_share_a_prefill_but_differ():
     assert r.last_stats["prefill_tokens"] == len(p)  # one prefill for all six
 
 
+def test_no_decode_step_past_every_budget():
+    """6 new tokens: prefill draws the first, so 5 decode steps, not two rounds of sync_every=4."""
+    r = rollout(tiny("dense"), engine_kwargs={"hf": {"sync_every": 4}})
+    outs = r.generate([GenerationRequest(p) for p in prompts([5, 8])], SamplingParams(temperature=1.0, max_tokens=6))
+    assert [len(o[0].token_ids) for o in outs] == [6, 6]
+    assert r.last_stats["decode_steps"] == 5
+
+
 def test_continuous_batching_equals_one_by_one():
     model = tiny("dense")
     stop = [40, 41, 42, 43, 44, 45]  # frequent enough to end sequences at different lengths

@@ -161,6 +161,10 @@ def build_optimizer(module: torch.nn.Module, optim_cfg) -> torch.optim.Optimizer
         kwargs["betas"] = tuple(optim_cfg.get("betas", (0.9, 0.999)))
     if "eps" in accepted:
         kwargs["eps"] = optim_cfg.get("eps", 1e-8)
+    if "foreach" in accepted and all(p.device.type == "cpu" for p in params):
+        # torch picks the per-parameter loop on CPU; on a small model that loop of ~10 ops per tensor costs
+        # more than the arithmetic (65 ms of each demo step), the multi-tensor form does the same math.
+        kwargs["foreach"] = True
     override = optim_cfg.get("override_optimizer_config") or {}
     kwargs.update(dict(override))
     return cls(params, **kwargs)

@@ -191,15 +191,24 @@ class DecodeEngine:
         running: list[int] = []  # running[slot] = index into seqs
         admit_min = max(1, int(capacity * self.opt.admit_fraction))
         stats = self.opt.stats
+        # Tokens each running sequence may still produce (prefill drew its first). Every decode step draws one
+        # for every live slot, so the host knows this without reading the device, and never runs steps that
+        # no sequence can use (short responses: 6 tokens took 8 steps with sync_every=4).
+        budget: dict[int, int] = {}
         while waiting or running:
             free = capacity - len(running)
             if waiting and free and (not running or (self.opt.continuous and free >= min(len(waiting), admit_min))):
                 self._admit(seqs, waiting, running, capacity)
             b = len(running)
-            for _ in range(self.opt.sync_every):
+            for i in running:
+                budget.setdefault(i, seqs[i].max_new - 1)
+            n = min(self.opt.sync_every, max(budget[i] for i in running))
+            for _ in range(n):
                 self._decode(b)
-            stats["decode_steps"] += self.opt.sync_every
-            stats["slot_steps"] += self.opt.sync_every * b
+            for i in running:
+                budget[i] -= n
+            stats["decode_steps"] += n
+            stats["slot_steps"] += n * b
             done = self.cache.done[:b].tolist()
             if any(done):
                 self._retire(seqs, running, done, results)

@@ -5,6 +5,7 @@ computed with integer tensor ops. A sequence's samples therefore depend only on 
 sequences share the batch, in which slot it sits, or when it was admitted: continuous batching and one-by-one
 generation give the same tokens. Sampling is inverse-CDF over the (top-k / top-p filtered) distribution, so a
 step needs one uniform per row, and nothing here syncs with the host (the decode step can be a CUDA graph).
+Greedy and unfiltered sampling run fused (:mod:`verl.workers.rollout.hf_engine.fused_sampler`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
+
+from verl.workers.rollout.hf_engine import fused_sampler
 
 _MASK32 = 0xFFFFFFFF
 
@@ -62,29 +65,39 @@ def sample_tokens(logits: torch.Tensor, cfg: SamplerConfig, keys: torch.Tensor, 
 
     Log-probs are those of the sampled token under softmax(logits / T) over the whole vocabulary (T = 1 when
     greedy), i.e. what the trainer recomputes; top-k / top-p and suppressed ids only restrict what can be drawn.
+    Greedy and plain temperature sampling (the RL default) take the fused path (:mod:`.fused_sampler`: one
+    Triton kernel on CUDA); top-k / top-p need the candidates ordered and take :func:`filtered_sample_tokens`.
     """
+    vocab = logits.shape[-1]
+    if not cfg.greedy and ((0 < cfg.top_k < vocab) or cfg.top_p < 1.0):
+        return filtered_sample_tokens(logits, cfg, keys, steps, suppress_index)
+    u = None if cfg.greedy else counter_uniform(keys, steps)
+    temperature = 1.0 if cfg.greedy else float(cfg.temperature)
+    return fused_sampler.fused_sample(logits, temperature, u, suppress_index)
+
+
+def filtered_sample_tokens(logits: torch.Tensor, cfg: SamplerConfig, keys: torch.Tensor, steps: torch.Tensor,
+                           suppress_index: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k / top-p sampling: inverse-CDF over the candidates in descending order (``torch.topk`` for top-k,
+    a full sort for top-p alone), with the draw's uniform from :func:`counter_uniform`."""
     raw = logits.float()
-    temp = 1.0 if cfg.greedy else float(cfg.temperature)
+    temp = float(cfg.temperature)
     scaled = raw / temp if temp != 1.0 else raw
     lse = torch.logsumexp(scaled, dim=-1)
     cand = scaled
     if suppress_index is not None and suppress_index.numel():
         cand = scaled.index_fill(-1, suppress_index, float("-inf"))
-    if cfg.greedy:
-        tokens = cand.argmax(-1)
+    if 0 < cfg.top_k < cand.shape[-1]:
+        cand, index = torch.topk(cand, cfg.top_k, dim=-1)  # sorted, largest first
     else:
-        index = None
-        if cfg.top_k > 0 and cfg.top_k < cand.shape[-1]:
-            cand, index = torch.topk(cand, cfg.top_k, dim=-1)  # sorted, largest first
-        elif cfg.top_p < 1.0:
-            cand, index = torch.sort(cand, dim=-1, descending=True)
-        probs = torch.softmax(cand, dim=-1)
-        if cfg.top_p < 1.0:
-            before = probs.cumsum(-1) - probs  # mass strictly ahead of each candidate
-            probs = probs.masked_fill(before > cfg.top_p, 0.0)  # the top candidate always survives
-        cdf = probs.cumsum(-1)
-        u = counter_uniform(keys, steps) * cdf[:, -1]
-        pick = (cdf < u[:, None]).sum(-1).clamp(max=cand.shape[-1] - 1)
-        tokens = pick if index is None else index.gather(-1, pick[:, None]).squeeze(-1)
+        cand, index = torch.sort(cand, dim=-1, descending=True)
+    probs = torch.softmax(cand, dim=-1)
+    if cfg.top_p < 1.0:
+        before = probs.cumsum(-1) - probs  # mass strictly ahead of each candidate
+        probs = probs.masked_fill(before > cfg.top_p, 0.0)  # the top candidate always survives
+    cdf = probs.cumsum(-1)
+    u = counter_uniform(keys, steps) * cdf[:, -1]
+    pick = (cdf < u[:, None]).sum(-1).clamp(max=cand.shape[-1] - 1)
+    tokens = index.gather(-1, pick[:, None]).squeeze(-1)
     log_probs = scaled.gather(-1, tokens[:, None]).squeeze(-1) - lse
     return tokens, log_probs
