@@ -97,7 +97,6 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
     from verl.single_controller.ray import RayResourcePool, create_ray_worker_groups
 
     init_ray(cfg)
-    world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     on_cpu = device == "cpu"
     threads = int(os.environ.get("VERL_CPU_THREADS", "1"))
     pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=not on_cpu,
@@ -135,10 +134,11 @@ def _env_value(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def run_ppo(cfg: DictConfig, launch=None, make_trainer=None) -> dict:
-    """Build data, reward and workers, then train. ``launch(cfg, use_critic) -> worker groups`` and
-    ``make_trainer(*trainer args, **kwargs)`` default to the colocated synchronous run; the asynchronous
-    entry points (verl.experimental.async_policy.launch) pass their own."""
+def run_ppo(cfg: DictConfig, launch=None, make_trainer=None, prompts_per_step: int | None = None) -> dict:
+    """Build data, reward and workers, then train. ``launch(cfg, use_critic) -> worker groups``,
+    ``make_trainer(*trainer args, **kwargs)`` and ``prompts_per_step`` (for the LR schedule's step count) default
+    to the colocated synchronous run; the asynchronous entry points (verl.experimental.async_policy.launch) pass
+    their own."""
     from verl.trainer.config.validate import need_critic
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.reward import load_reward_manager
@@ -168,14 +168,15 @@ def run_ppo(cfg: DictConfig, launch=None, make_trainer=None) -> dict:
         val_reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=1, **reward_kwargs),
                                         _reward_where(cfg))
     use_critic = need_critic(cfg)  # critic.enable when set (upstream), else GAE only
-    steps_per_epoch = len(train_ds) // (cfg.data.get("gen_batch_size") or cfg.data.train_batch_size)
+    per_step = prompts_per_step or cfg.data.get("gen_batch_size") or cfg.data.train_batch_size
+    steps_per_epoch = len(train_ds) // per_step
     total = cfg.trainer.get("total_training_steps") or steps_per_epoch * cfg.trainer.total_epochs
     _set_total_steps(cfg, int(total))
     from verl.trainer.ppo.rollout_corr import prepare_bypass_config
 
     prepare_bypass_config(cfg)  # bypass_mode hands the actor its loss before the workers start
     groups = (launch or (lambda c, critic: launch_workers(c, build_role_specs(c, critic))))(cfg, use_critic)
-    for wg in {id(g): g for g in groups.values()}.values():
+    for wg in groups.values():
         wg.init_model()
     trainer = (make_trainer or RayPPOTrainer)(cfg, tokenizer, groups, train_ds, val_ds, collate_fn, reward_fn,
                                               val_reward_fn, processor=processor)

@@ -11,9 +11,12 @@ from tests.trainer.e2e_utils import train_records
 
 
 def test_one_step_off_policy_overlaps_one_step(tmp_path):
-    _, rec = run_async("one_step_off", tmp_path, FAST + ["trainer.total_training_steps=3"])
+    overrides = [o for o in FAST if not o.startswith("trainer.test_freq=")]
+    _, rec = run_async("one_step_off", tmp_path, overrides + ["trainer.total_training_steps=3", "trainer.test_freq=3"])
     steps = train_records(rec)
     assert sorted(steps) == [1, 2, 3]
+    # validation runs on the rollout pool between chunks, with the newest synced weights
+    assert any(k.startswith("val-core/") for k in steps[3]), sorted(steps[3])
     # step 1 trains on the batch generated before any update; every later batch is one weight version old
     assert steps[1]["fully_async/staleness/max"] == 0
     for s in (2, 3):

@@ -4,6 +4,7 @@ trainer, which weight version each chunk carries, and the staleness the trainer 
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 
@@ -18,12 +19,14 @@ from verl.experimental.async_policy.schedule import Schedule, fully_async_schedu
 class FakePool:
     """Records installed versions; generation takes a little while so the trainer and rollouter interleave."""
 
-    def __init__(self):
+    def __init__(self, load_s: float = 0.0):
         self.version = 0
         self.installed = []
         self.lock = threading.Lock()
+        self.load_s = load_s
 
     def load_rollout_weights(self, weights, version):
+        time.sleep(self.load_s)
         with self.lock:
             self.version = version
             self.installed.append(version)
@@ -100,6 +103,22 @@ def test_fully_async_generation_per_version_is_bounded(threshold, trigger, gen_s
     assert max(sizes, default=0) <= schedule.max_per_version
     if gen_s < train_s:  # a faster rollout really runs ahead: the trainer sees stale samples
         assert max(max(a) for a in seen) >= 1, seen
+
+
+@pytest.mark.parametrize("threshold", [1.0, 2.0])
+def test_leftover_is_counted_at_the_offer(threshold):
+    """A fast rollout and a slow weight load: the trainer takes the queued chunks while the new weights load;
+    those chunks still count against the new version's allowance, so staleness stays at ceil(threshold) (counting
+    at the install would let one more version's worth run ahead)."""
+    schedule = fully_async_schedule(_cfg(staleness_threshold=threshold, gen=2))
+    pool = FakePool(load_s=0.01)
+    r = _rollouter(schedule, pool, gen_s=0.001)
+    r.start()
+    try:
+        seen = _train(r, schedule, steps=10, train_s=0.02)
+    finally:
+        r.stop()
+    assert max(max(a) for a in seen) == math.ceil(threshold), seen
 
 
 def test_staleness_zero_alternates_generation_and_training():

@@ -15,7 +15,8 @@ KEYS = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_lengt
 
 def test_staleness_zero_reproduces_the_synchronous_run_across_a_resume(tmp_path):
     common = FAST + ["algorithm.rollout_correction.bypass_mode=true"]
-    _, sync = run_main_ppo(tmp_path / "sync", common + ["trainer.launcher=local", f"trainer.total_training_steps={STEPS}"])
+    _, sync = run_main_ppo(tmp_path / "sync",
+                           common + ["trainer.launcher=local", f"trainer.total_training_steps={STEPS}"])
     zero = common + ["async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1",
                      "async_training.require_batches=1", "data.gen_batch_size=8", "trainer.save_freq=2"]
     work = tmp_path / "async"

@@ -87,7 +87,8 @@ def run(cfg: DictConfig, mode: str) -> dict:
     from .trainer import AsyncPPOTrainer
 
     schedule = SCHEDULES[mode](cfg)
-    return run_ppo(cfg, launch=launch_pools, make_trainer=functools.partial(AsyncPPOTrainer, schedule=schedule))
+    return run_ppo(cfg, launch=launch_pools, make_trainer=functools.partial(AsyncPPOTrainer, schedule=schedule),
+                   prompts_per_step=schedule.prompts_per_step)
 
 
 def main(mode: str, argv: list[str] | None = None) -> int:

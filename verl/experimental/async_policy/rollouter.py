@@ -46,6 +46,10 @@ class Rollouter:
         self._queue: list[RolloutChunk] = []
         self._produced = 0  # chunks generated with the current version
         self._pending: Optional[tuple[list, int]] = None  # newest weights offered, not yet installed
+        # Chunks the trainer had not consumed when those weights were offered, plus old-version chunks finished
+        # since: they count against the new version's allowance (counted at the offer, i.e. upstream's sync;
+        # counting at the install instead would miss what the trainer takes while the weights load).
+        self._leftover = 0
         self._cond = threading.Condition()
         self._gen_lock = threading.Lock()  # held while the pool generates (validation waits on it)
         self._stop = False
@@ -70,10 +74,10 @@ class Rollouter:
     def _may_start(self) -> bool:
         s = self.schedule
         room = s.max_queued is None or len(self._queue) < s.max_queued
-        # Installing pending weights restarts the count at the chunks still queued (upstream's reset at a sync:
+        # Pending weights restart the count at the chunks left over at the offer (upstream's reset at a sync:
         # what the trainer has not consumed yet counts against the new version's allowance, which bounds both
         # the queue and the staleness).
-        produced = len(self._queue) if self._pending is not None else self._produced
+        produced = self._leftover if self._pending is not None else self._produced
         fresh = s.max_per_version is None or produced < s.max_per_version
         return room and fresh
 
@@ -99,6 +103,8 @@ class Rollouter:
                 with self._cond:
                     self._queue.append(chunk)
                     self._produced += 1
+                    if self._pending is not None:  # finished after newer weights were offered: stale already
+                        self._leftover += 1
                     self._busy_s += seconds
                     self.total_generated_samples += len(batch)
                     self._cond.notify_all()
@@ -112,18 +118,21 @@ class Rollouter:
         """Newer weights for the pool: installed before the next chunk starts (an older offer not yet
         installed is superseded)."""
         with self._cond:
+            if self._pending is None:
+                self._leftover = len(self._queue)
             self._pending = (weights, version)
             self._cond.notify_all()
 
     def _install_pending(self) -> None:
         with self._cond:
             pending, self._pending = self._pending, None
+            leftover = self._leftover
         if pending is not None:
             weights, version = pending
             self._wg.load_rollout_weights(weights, version)
             with self._cond:
                 self.version = version
-                self._produced = len(self._queue)
+                self._produced = leftover
 
     @contextmanager
     def exclusive(self):
