@@ -31,7 +31,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PPO = "verl.trainer.main_ppo"
 SFT = "verl.trainer.sft_trainer"
-MODULES = (PPO, SFT)
+# The asynchronous modes' entry points (verl.experimental.async_policy) -> their mode.
+ASYNC = {"verl.experimental.one_step_off_policy.main_ppo": "one_step_off",
+         "verl.experimental.fully_async_policy.fully_async_main": "fully_async"}
+MODULES = (PPO, SFT, *ASYNC)
 DOC_GLOBS = ("docs/**/*.md", "docs/**/*.rst", "README.md", "examples/**/*.md", "recipe/**/*.md")
 SCRIPT_GLOBS = ("examples/**/*.sh", "recipe/**/*.sh")
 # `runpy.run_module('verl.trainer.main_ppo', ...)` inside `python -c "..."`: a user module imported first.
@@ -157,9 +160,18 @@ def _check_sft(args: list[str]) -> None:
     validate_sft_config(cfg, strategy)
 
 
+def _check_async(args: list[str], mode: str) -> None:
+    from verl.experimental.async_policy.launch import load_async_config
+
+    load_async_config(args, mode)  # composes the mode's config, derives its values and validates
+
+
 def _check(where: str, module: str, args: list[str]) -> None:
     try:
-        (_check_sft if module == SFT else _check_ppo)(args)
+        if module in ASYNC:
+            _check_async(args, ASYNC[module])
+        else:
+            (_check_sft if module == SFT else _check_ppo)(args)
     except Exception as exc:  # noqa: BLE001 - report which command failed
         raise AssertionError(f"{where}: {module} {' '.join(args)}\n{exc}") from exc
 
@@ -171,7 +183,7 @@ def test_docs_show_commands():
     # The scan itself works: it finds commands of both trainers and the runpy form.
     assert len(DOC_COMMANDS) >= 5
     modules = {m for _, m, _ in DOC_COMMANDS}
-    assert modules == {PPO, SFT}, modules
+    assert modules == {PPO, SFT, *ASYNC}, modules
     assert any(w.startswith("docs/advance/fsdp_extension.md") for w, _, _ in DOC_COMMANDS)
     assert any(w.startswith("docs/sft.md") and "model.path=..." in a for w, m, a in DOC_COMMANDS if m == SFT)
 

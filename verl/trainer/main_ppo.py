@@ -94,9 +94,20 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
         if world != 1:
             raise ValueError(f"trainer.launcher=local runs one process; set trainer.n_gpus_per_node=1 (got world {world})")
         return create_local_worker_groups(specs, dp_sizes=role_dp_sizes(cfg, specs))
-    import ray
-
     from verl.single_controller.ray import RayResourcePool, create_ray_worker_groups
+
+    init_ray(cfg)
+    on_cpu = device == "cpu"
+    threads = int(os.environ.get("VERL_CPU_THREADS", "1"))
+    pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=not on_cpu,
+                           cpus_per_worker=1, device_resource="NPU" if device == "npu" else "GPU")
+    env = {"OMP_NUM_THREADS": str(threads), "VERL_CPU_THREADS": str(threads)}
+    return create_ray_worker_groups(pool, specs, env=env, dp_sizes=role_dp_sizes(cfg, specs))
+
+
+def init_ray(cfg: DictConfig) -> None:
+    """Start Ray with ``ray_kwargs.ray_init`` (once per process)."""
+    import ray
 
     if not ray.is_initialized():
         init_kwargs = OmegaConf.to_container(cfg.ray_kwargs.get("ray_init", {}), resolve=True) or {}
@@ -116,13 +127,6 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
         except Exception as e:  # noqa: BLE001 - Ray raises many types; re-raise with the cause named
             raise RuntimeError(f"Ray failed to start with ray_kwargs.ray_init={init_kwargs}: {e}. "
                                "Set trainer.launcher=local to run a single device without Ray.") from e
-    world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-    on_cpu = device == "cpu"
-    threads = int(os.environ.get("VERL_CPU_THREADS", "1"))
-    pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=not on_cpu,
-                           cpus_per_worker=1, device_resource="NPU" if device == "npu" else "GPU")
-    env = {"OMP_NUM_THREADS": str(threads), "VERL_CPU_THREADS": str(threads)}
-    return create_ray_worker_groups(pool, specs, env=env, dp_sizes=role_dp_sizes(cfg, specs))
 
 
 def _env_value(value) -> str:
@@ -130,7 +134,11 @@ def _env_value(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def run_ppo(cfg: DictConfig) -> dict:
+def run_ppo(cfg: DictConfig, launch=None, make_trainer=None, prompts_per_step: int | None = None) -> dict:
+    """Build data, reward and workers, then train. ``launch(cfg, use_critic) -> worker groups``,
+    ``make_trainer(*trainer args, **kwargs)`` and ``prompts_per_step`` (for the LR schedule's step count) default
+    to the colocated synchronous run; the asynchronous entry points (verl.experimental.async_policy.launch) pass
+    their own."""
     from verl.trainer.config.validate import need_critic
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.reward import load_reward_manager
@@ -160,17 +168,18 @@ def run_ppo(cfg: DictConfig) -> dict:
         val_reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=1, **reward_kwargs),
                                         _reward_where(cfg))
     use_critic = need_critic(cfg)  # critic.enable when set (upstream), else GAE only
-    steps_per_epoch = len(train_ds) // (cfg.data.get("gen_batch_size") or cfg.data.train_batch_size)
+    per_step = prompts_per_step or cfg.data.get("gen_batch_size") or cfg.data.train_batch_size
+    steps_per_epoch = len(train_ds) // per_step
     total = cfg.trainer.get("total_training_steps") or steps_per_epoch * cfg.trainer.total_epochs
     _set_total_steps(cfg, int(total))
     from verl.trainer.ppo.rollout_corr import prepare_bypass_config
 
     prepare_bypass_config(cfg)  # bypass_mode hands the actor its loss before the workers start
-    groups = launch_workers(cfg, build_role_specs(cfg, use_critic))
+    groups = (launch or (lambda c, critic: launch_workers(c, build_role_specs(c, critic))))(cfg, use_critic)
     for wg in groups.values():
         wg.init_model()
-    trainer = RayPPOTrainer(cfg, tokenizer, groups, train_ds, val_ds, collate_fn, reward_fn, val_reward_fn,
-                            processor=processor)
+    trainer = (make_trainer or RayPPOTrainer)(cfg, tokenizer, groups, train_ds, val_ds, collate_fn, reward_fn,
+                                              val_reward_fn, processor=processor)
     run_dir = new_run_dir(cfg.trainer.default_local_dir)
     tracker = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, default_backend=list(cfg.trainer.logger),
                        config=OmegaConf.to_container(cfg, resolve=True), run_dir=run_dir)

@@ -61,6 +61,21 @@ def build_engine(role_cfg: DictConfig, model_cfg: DictConfig, role: str, trainab
                **kwargs)
 
 
+def _rng_state() -> dict:
+    device = get_torch_device()
+    on_device = get_device_name() != "cpu" and device.is_available()
+    return {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate(),
+            "device": device.get_rng_state() if on_device else None}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["random"])
+    if state.get("device") is not None:
+        get_torch_device().set_rng_state(state["device"])
+
+
 class ActorRolloutRefWorker(Worker):
     """``role`` is ``actor_rollout_ref`` (all three), ``actor_rollout``, ``actor`` or ``ref``."""
 
@@ -112,6 +127,12 @@ class ActorRolloutRefWorker(Worker):
             self.ref_engine = build_engine(cfg.ref, cfg.model, "ref", trainable=False, **share)
             self.ref_engine.initialize()
             self.ref_policy = PPOActor(cfg.ref, self.ref_engine)
+        if self._is_rollout and not self._is_actor:
+            # A rollout pool of its own (asynchronous modes): the policy copy it generates with, synced from the
+            # trainer pool by load_rollout_weights; weight_version counts those syncs.
+            self.actor_engine = build_engine(cfg.actor, cfg.model, "rollout", trainable=False)
+            self.actor_engine.initialize()
+            self.weight_version = 0
         if self._is_rollout:
             self._build_rollout()
         # Sampling draws from the global RNGs: seed them per data-parallel rank so runs repeat exactly (and
@@ -178,6 +199,52 @@ class ActorRolloutRefWorker(Worker):
             bucket_megabytes=bucket, layered=bool(self.config.rollout.get("layered_summon", False)))
         self.rollout.update_weights(weights, **kwargs)
 
+    # ------------------------------------------------------------------ separate pools (asynchronous modes)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_rollout_weights(self) -> list | None:
+        """The actor's full HF-named weights on CPU (rank 0's list; the others return None). Every rank drives
+        the gather, which is collective."""
+        bucket = int(self.config.rollout.get("checkpoint_engine", {}).get("update_weights_bucket_megabytes", 512))
+        weights, kwargs = self.actor_engine.get_rollout_weights(bucket_megabytes=bucket)
+        if kwargs:  # a LoRA adapter alone: the rollout pool's copy holds no adapter to apply it to
+            raise ValueError("the asynchronous modes sync full weights; a LoRA actor's adapter-only sync is not "
+                             "supported there (set actor_rollout_ref.model.lora_rank=0)")
+        out = [(name, t.detach().to("cpu", copy=True)) for name, t in weights]
+        return out if self.rank == 0 else None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_rollout_weights(self, weights: list, version: int) -> int:
+        """Install the trainer pool's weights (``export_rollout_weights``) as parameter version ``version``."""
+        if self._is_actor:
+            raise RuntimeError("load_rollout_weights is for a rollout pool of its own (role 'rollout')")
+        if not getattr(self.rollout, "generates_with_training_module", False):
+            raise NotImplementedError(f"rollout.name={self.config.rollout.name!r}: the asynchronous modes run the "
+                                      "built-in engine (rollout.name=hf) as their rollout server so far")
+        from verl.workers.weight_sync.receive import load_hf_weights
+
+        load_hf_weights(self.actor_engine.module, weights)
+        self.actor_engine.sync_hf_rollout_module()
+        self.weight_version = int(version)
+        return self.weight_version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_rng_state(self) -> dict:
+        """This rank's sampling RNG state: a rollout pool's checkpoint part (the trainer keeps the state after
+        the last chunk it consumed, so a resumed run samples as if the dropped queue had never been drawn)."""
+        return _rng_state()
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def set_rollout_rng_state(self, state: dict) -> bool:
+        _set_rng_state(state)
+        return True
+
+    def _stamp_weight_version(self, out: DataProto) -> None:
+        """Per-token record of the parameter version that generated each response token (0 on padding)."""
+        if not hasattr(self, "weight_version") or "responses" not in out.batch.keys():
+            return
+        mask = out.batch["attention_mask"][:, -out.batch["responses"].size(1):]
+        out.batch["rollout_weight_version"] = mask.long() * self.weight_version
+
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -193,6 +260,7 @@ class ActorRolloutRefWorker(Worker):
                 out = generate_sequences(self.rollout, prompts, self.config.rollout, self.eos_ids, self.pad_token_id)
         finally:
             self.rollout_cycle.after_generate()
+        self._stamp_weight_version(out)
         # Numbers that differ between data-parallel ranks go in meta_info["metrics"] as one dict per rank:
         # DataProto.concat merges that key into lists, and rejects any other key whose values differ.
         rank_metrics = dict(out.meta_info.pop("agent_loop_metrics", None) or {})

@@ -93,6 +93,8 @@ class RayPPOTrainer:
         self.processor = processor
         self.wgs = worker_groups
         self.actor_rollout_wg = worker_groups["actor_rollout"]
+        # Who generates: the actor's own workers when colocated; a separate pool's in the asynchronous modes.
+        self.rollout_wg = worker_groups.get("rollout", self.actor_rollout_wg)
         self.critic_wg = worker_groups.get("critic")
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
@@ -157,7 +159,7 @@ class RayPPOTrainer:
         if self.use_critic:
             self.critic_wg.save_checkpoint(os.path.join(step_dir, "critic"), global_step=self.global_steps)
         tmp = os.path.join(step_dir, "data.pt.tmp")
-        torch.save(self.train_dataloader.state_dict(), tmp)
+        torch.save(self._data_state(), tmp)
         os.replace(tmp, os.path.join(step_dir, "data.pt"))
         # Mark the step as latest only once every part is on disk; a crash before this keeps the old mark.
         ckpt_dirs.mark_latest(root, self.global_steps)
@@ -179,7 +181,14 @@ class RayPPOTrainer:
             self.critic_wg.load_checkpoint(os.path.join(step_dir, "critic"))
         data_file = os.path.join(step_dir, "data.pt")
         if os.path.exists(data_file):
-            self.train_dataloader.load_state_dict(torch.load(data_file, weights_only=False))
+            self._load_data_state(torch.load(data_file, weights_only=False))
+
+    def _data_state(self) -> dict:
+        """What ``data.pt`` holds: the controller's part of a checkpoint (the workers save their own)."""
+        return self.train_dataloader.state_dict()
+
+    def _load_data_state(self, state: dict) -> None:
+        self.train_dataloader.load_state_dict(state)
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> dict[str, float]:
@@ -194,7 +203,7 @@ class RayPPOTrainer:
             batch = batch.repeat(repeat_times=vk.n, interleave=True)
             gen = self._gen_batch(batch)
             gen.meta_info = {"validate": True, "do_sample": vk.do_sample, "global_steps": self.global_steps}
-            out = self._dp_call(self.actor_rollout_wg.generate_sequences, gen)
+            out = self._dp_call(self.rollout_wg.generate_sequences, gen)
             out.meta_info = {}
             batch = self._merge_generation(batch, out)
             reward, infos = compute_reward(batch, self.val_reward_fn)
@@ -216,6 +225,7 @@ class RayPPOTrainer:
     def fit(self, tracker=None) -> dict[str, Any]:
         cfg = self.config
         self._load_checkpoint()
+        self._before_steps()
         last_val: dict[str, float] = {}
         if cfg.trainer.get("val_before_train", True) and self.val_reward_fn is not None:
             last_val = self._validate()
@@ -226,11 +236,11 @@ class RayPPOTrainer:
         progress = _progress(self.total_training_steps, self.global_steps)
         history: list[dict] = []
         self.global_steps += 1
-        self._batches = self._batch_stream()
         try:  # the bar is closed on an error too, so the error paragraph starts on its own line
+            self._start_steps()
             while self.global_steps <= self.total_training_steps:
                 with self.profiler.step(self.global_steps):
-                    metrics = self._train_step(next(self._batches))
+                    metrics = self._fit_step()
                 is_last = self.global_steps >= self.total_training_steps
                 save_freq = cfg.trainer.get("save_freq", -1)
                 if save_freq and save_freq > 0 and (is_last or self.global_steps % save_freq == 0):
@@ -240,7 +250,7 @@ class RayPPOTrainer:
                 test_freq = cfg.trainer.get("test_freq", -1)
                 if self.val_reward_fn is not None and test_freq and test_freq > 0 and (
                         is_last or self.global_steps % test_freq == 0):
-                    last_val = self._validate()
+                    last_val = self._validate_now()
                     metrics.update(last_val)
                 metrics["training/global_step"] = self.global_steps
                 metrics["training/epoch"] = self.train_dataloader.epoch
@@ -251,7 +261,24 @@ class RayPPOTrainer:
                 self.global_steps += 1
         finally:
             progress.close()
+            self._end_steps()
         return {"history": history, "last_val": last_val}
+
+    # Hooks of fit(); the asynchronous trainers (verl.experimental.async_policy) replace them.
+    def _before_steps(self) -> None:
+        """After the checkpoint is loaded, before validation and the first step."""
+
+    def _start_steps(self) -> None:
+        self._batches = self._batch_stream()
+
+    def _fit_step(self) -> dict[str, Any]:
+        return self._train_step(next(self._batches))
+
+    def _validate_now(self) -> dict[str, float]:
+        return self._validate()
+
+    def _end_steps(self) -> None:
+        """After the last step, or on an error."""
 
     def _batch_stream(self):
         """Prompt batches epoch after epoch (the loader itself advances its epoch and resumable position)."""
@@ -269,7 +296,7 @@ class RayPPOTrainer:
         gen = self._gen_batch(batch)
         gen.meta_info = {"global_steps": self.global_steps}
         with marked_timer("gen", timing):
-            gen_out = self._dp_call(self.actor_rollout_wg.generate_sequences, gen)
+            gen_out = self._dp_call(self.rollout_wg.generate_sequences, gen)
         # One metrics dict per data-parallel rank (merged by DataProto.concat); agent-loop ones are logged.
         metrics.update(_combine_agent_loop_metrics(gen_out.meta_info.pop("metrics", None)))
         batch = self._merge_generation(batch, gen_out)
@@ -316,63 +343,77 @@ class RayPPOTrainer:
         timing: dict[str, float] = {}
         self._timing = timing
         metrics: dict[str, Any] = {}
-        n = cfg.actor_rollout_ref.rollout.n
-        rc = cfg.algorithm.get("rollout_correction")
-        bypass = bool(rc is not None and rc.get("bypass_mode", False))
         with marked_timer("step", timing):
             batch = self._generate_and_score(batch_dict, timing, metrics)
             if cfg.algorithm.get("filter_groups") is not None and cfg.algorithm.filter_groups.get("enable", False):
                 batch = self._dynamic_sample(batch, timing, metrics)
-            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            with marked_timer("old_log_prob", timing):
-                if bypass:  # rollout_correction.bypass_mode: the rollout's log-probs are pi_old
-                    if "rollout_log_probs" not in batch.batch.keys():
-                        raise ValueError("algorithm.rollout_correction.bypass_mode needs rollout_log_probs from the "
-                                         "rollout engine; this rollout did not return them")
-                    batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
-                else:
-                    old = self._dp_call(self.actor_rollout_wg.compute_log_prob, batch)
-                    if "entropys" in old.batch.keys():
-                        ent = old.batch.pop("entropys")
-                        metrics["actor/entropy"] = core_algos.agg_loss(
-                            ent, batch.batch["response_mask"].float(),
-                            cfg.actor_rollout_ref.actor.loss_agg_mode).item()
-                    old.meta_info = {}
-                    batch = batch.union(old)
-                    if "rollout_log_probs" in batch.batch.keys():  # the rollout/trainer gap, every step
-                        metrics.update(rollout_corr.rollout_probs_diff_metrics(
-                            batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
-                            batch.batch["response_mask"]))
-                    if rollout_corr.is_enabled(rc):
-                        metrics.update(rollout_corr.apply_rollout_correction(batch, rc))
-            if self.use_reference_policy:
-                with marked_timer("ref", timing):
-                    batch = batch.union(self._dp_call(self.actor_rollout_wg.compute_ref_log_prob, batch))
-            if self.use_critic:
-                with marked_timer("values", timing):
-                    batch = batch.union(self._dp_call(self.critic_wg.compute_values, batch))
-            with marked_timer("adv", timing):
-                if cfg.algorithm.use_kl_in_reward:
-                    batch, kl_metrics = apply_kl_penalty(batch, kl_ctrl=self.kl_ctrl_in_reward,
-                                                         kl_penalty=cfg.algorithm.kl_penalty)
-                    metrics.update(kl_metrics)
-                else:
-                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-                batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
-                                          lam=cfg.algorithm.lam, num_repeat=n,
-                                          norm_adv_by_std_in_grpo=cfg.algorithm.get("norm_adv_by_std_in_grpo", True),
-                                          config=cfg.algorithm)
-            if self.use_critic:
-                with marked_timer("update_critic", timing):
-                    metrics.update(_mean_over_ranks(self._metric_call(self.critic_wg.update_critic, batch)))
-            if self.global_steps > cfg.trainer.get("critic_warmup", 0):
-                with marked_timer("update_actor", timing):
-                    batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
-                    metrics.update(_mean_over_ranks(self._metric_call(self.actor_rollout_wg.update_actor, batch)))
+            batch = self._train_on_batch(batch, timing, metrics)
+        return self._step_metrics(batch, timing, metrics)
+
+    def _step_metrics(self, batch: DataProto, timing: dict, metrics: dict) -> dict[str, Any]:
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, n_gpus=self.world_size))
         return metrics
+
+    def _rollout_correction_config(self, batch: DataProto):
+        """The ``algorithm.rollout_correction`` section applied to ``batch`` (the asynchronous trainers add a
+        default correction for stale samples)."""
+        return self.config.algorithm.get("rollout_correction")
+
+    def _train_on_batch(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
+        """Everything after generation and scoring: old/ref log-probs, values, advantages, the updates."""
+        cfg = self.config
+        n = cfg.actor_rollout_ref.rollout.n
+        rc = self._rollout_correction_config(batch)
+        bypass = bool(rc is not None and rc.get("bypass_mode", False))
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+        with marked_timer("old_log_prob", timing):
+            if bypass:  # rollout_correction.bypass_mode: the rollout's log-probs are pi_old
+                if "rollout_log_probs" not in batch.batch.keys():
+                    raise ValueError("algorithm.rollout_correction.bypass_mode needs rollout_log_probs from the "
+                                     "rollout engine; this rollout did not return them")
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
+            else:
+                old = self._dp_call(self.actor_rollout_wg.compute_log_prob, batch)
+                if "entropys" in old.batch.keys():
+                    ent = old.batch.pop("entropys")
+                    metrics["actor/entropy"] = core_algos.agg_loss(
+                        ent, batch.batch["response_mask"].float(),
+                        cfg.actor_rollout_ref.actor.loss_agg_mode).item()
+                old.meta_info = {}
+                batch = batch.union(old)
+                if "rollout_log_probs" in batch.batch.keys():  # the rollout/trainer gap, every step
+                    metrics.update(rollout_corr.rollout_probs_diff_metrics(
+                        batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
+                        batch.batch["response_mask"]))
+                if rollout_corr.is_enabled(rc):
+                    metrics.update(rollout_corr.apply_rollout_correction(batch, rc))
+        if self.use_reference_policy:
+            with marked_timer("ref", timing):
+                batch = batch.union(self._dp_call(self.actor_rollout_wg.compute_ref_log_prob, batch))
+        if self.use_critic:
+            with marked_timer("values", timing):
+                batch = batch.union(self._dp_call(self.critic_wg.compute_values, batch))
+        with marked_timer("adv", timing):
+            if cfg.algorithm.use_kl_in_reward:
+                batch, kl_metrics = apply_kl_penalty(batch, kl_ctrl=self.kl_ctrl_in_reward,
+                                                     kl_penalty=cfg.algorithm.kl_penalty)
+                metrics.update(kl_metrics)
+            else:
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
+                                      lam=cfg.algorithm.lam, num_repeat=n,
+                                      norm_adv_by_std_in_grpo=cfg.algorithm.get("norm_adv_by_std_in_grpo", True),
+                                      config=cfg.algorithm)
+        if self.use_critic:
+            with marked_timer("update_critic", timing):
+                metrics.update(_mean_over_ranks(self._metric_call(self.critic_wg.update_critic, batch)))
+        if self.global_steps > cfg.trainer.get("critic_warmup", 0):
+            with marked_timer("update_actor", timing):
+                batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
+                metrics.update(_mean_over_ranks(self._metric_call(self.actor_rollout_wg.update_actor, batch)))
+        return batch
 
     def _metric_call(self, method, batch: DataProto):
         dp = self._dp_size(method)

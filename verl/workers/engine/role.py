@@ -54,6 +54,9 @@ def engine_role(name: str) -> EngineRole:
 for _role in (
     EngineRole("actor", "lm", True, "actor_rollout_ref.model", "actor_rollout_ref.actor", lora=True),
     EngineRole("ref", "lm", False, "actor_rollout_ref.model", "actor_rollout_ref.ref"),
+    # A rollout pool's own copy of the policy (asynchronous modes): frozen, in the actor's engine settings,
+    # its weights replaced by each sync from the trainer pool.
+    EngineRole("rollout", "lm", False, "actor_rollout_ref.model", "actor_rollout_ref.actor"),
     EngineRole("critic", "value", True, "critic.model", "critic"),
     # SFT runs the actor's engine settings (its trainer maps its own keys onto them).
     EngineRole("sft", "lm", True, "actor_rollout_ref.model", "actor_rollout_ref.actor", lora=True),

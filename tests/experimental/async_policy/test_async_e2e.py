@@ -1,0 +1,66 @@
+"""The two asynchronous entry points end to end on the demo (tiny Qwen3.5, two one-CPU Ray resource pools)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.experimental.async_policy.async_utils import FAST, run_async
+from tests.trainer.e2e_utils import train_records
+
+
+def test_one_step_off_policy_overlaps_one_step(tmp_path):
+    overrides = [o for o in FAST if not o.startswith("trainer.test_freq=")]
+    _, rec = run_async("one_step_off", tmp_path, overrides + ["trainer.total_training_steps=3", "trainer.test_freq=3"])
+    steps = train_records(rec)
+    assert sorted(steps) == [1, 2, 3]
+    # validation runs on the rollout pool between chunks, with the newest synced weights
+    assert any(k.startswith("val-core/") for k in steps[3]), sorted(steps[3])
+    # step 1 trains on the batch generated before any update; every later batch is one weight version old
+    assert steps[1]["fully_async/staleness/max"] == 0
+    for s in (2, 3):
+        assert steps[s]["fully_async/staleness/min"] == steps[s]["fully_async/staleness/max"] == 1
+        assert steps[s]["fully_async/staleness/frac_1"] == 1.0
+        assert steps[s]["fully_async/weight_version/max"] == s - 2
+    assert any(s["actor/grad_norm"] > 0 for s in steps.values())  # (a step whose groups all tie has none)
+    for s in steps.values():
+        assert math.isfinite(s["actor/pg_loss"])
+        assert s["fully_async/count/current_param_version"] >= 1
+        assert 0.0 <= s["fully_async/rollouter/idle_ratio"] <= 1.0
+
+
+def test_fully_async_applies_the_default_correction_to_stale_batches(tmp_path):
+    """bypass_mode off and no correction named: stale batches get token-level TIS (rollout_corr/* logged)."""
+    _, rec = run_async("fully_async", tmp_path, FAST + [
+        "data.gen_batch_size=4", "algorithm.rollout_correction.bypass_mode=false", "trainer.total_training_steps=3",
+        "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1"])
+    steps = train_records(rec)
+    assert sorted(steps) == [1, 2, 3]
+    assert steps[1]["fully_async/correction/default_is"] == 0.0 and "rollout_corr/rollout_is_mean" not in steps[1]
+    stale = [s for s in steps.values() if s["fully_async/staleness/max"] > 0]
+    assert stale, steps
+    for s in stale:
+        assert s["fully_async/correction/default_is"] == 1.0 and math.isfinite(s["rollout_corr/rollout_is_mean"])
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("async_training.partial_rollout=true", "async_training.partial_rollout"),
+    ("actor_rollout_ref.rollout.name=vllm", "rollout.name"),
+    ("trainer.launcher=local", "trainer.launcher"),
+])
+def test_unsupported_settings_are_refused(tmp_path, override, needle):
+    proc, _ = run_async("fully_async", tmp_path, [override], check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert needle in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["one_step_off", "fully_async"])
+def test_demo_learns(tmp_path, mode):
+    """The demo's learning bar (tests/trainer/test_demo.py) in each asynchronous mode, on its default config."""
+    _, rec = run_async(mode, tmp_path, ["trainer.test_freq=-1", "trainer.val_before_train=false"], timeout=1500)
+    scores = [s["critic/score/mean"] for _, s in sorted(train_records(rec).items())]
+    assert len(scores) >= 20
+    first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
+    assert last - first >= 0.3, (first, last, scores)

@@ -1,0 +1,60 @@
+"""Staleness of the samples a trainer step consumes, and the off-policy correction applied by default.
+
+A sample's staleness is the trainer's parameter version (weight syncs done) minus the oldest version among its
+response tokens (``rollout_weight_version``, stamped per token by the rollout pool; padding is masked out).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from omegaconf import OmegaConf, open_dict
+
+from verl.protocol import DataProto
+from verl.trainer.ppo import rollout_corr
+
+VERSION_KEY = "rollout_weight_version"
+HIST_BINS = 4  # frac_0 .. frac_3 and frac_ge4: the distribution, with a tail bin
+
+
+def sample_staleness(batch: DataProto, param_version: int) -> torch.Tensor:
+    """Per-sample staleness (long, >= 0)."""
+    versions = batch.batch[VERSION_KEY]
+    mask = batch.batch["response_mask"].bool()
+    big = torch.iinfo(versions.dtype).max
+    oldest = torch.where(mask, versions, torch.full_like(versions, big)).min(dim=-1).values
+    # A response with no tokens carries no version: count it as fresh.
+    oldest = torch.where(oldest == big, torch.full_like(oldest, param_version), oldest)
+    return (param_version - oldest).clamp(min=0)
+
+
+def staleness_metrics(staleness: torch.Tensor) -> dict[str, float]:
+    s = staleness.double()
+    out = {"fully_async/staleness/mean": s.mean().item(), "fully_async/staleness/max": s.max().item(),
+           "fully_async/staleness/min": s.min().item()}
+    for k in range(HIST_BINS):
+        out[f"fully_async/staleness/frac_{k}"] = (staleness == k).double().mean().item()
+    out[f"fully_async/staleness/frac_ge{HIST_BINS}"] = (staleness >= HIST_BINS).double().mean().item()
+    return out
+
+
+def default_correction(rc, any_stale: bool):
+    """The rollout-correction section for a batch: the user's when they configured one (``bypass_mode``, which
+    the asynchronous configs turn on as upstream does, or ``rollout_is`` / ``rollout_rs``); otherwise, when the
+    batch holds stale samples, token-level truncated importance sampling pi_old / pi_rollout capped at
+    ``rollout_is_threshold``, so samples from older weights are reweighted rather than trained on as if
+    on-policy. Returns ``(section, applied_default)``."""
+    bypass = bool(rc is not None and rc.get("bypass_mode", False))
+    if not any_stale or bypass or rollout_corr.is_enabled(rc):
+        return rc, False
+    section = OmegaConf.create(OmegaConf.to_container(rc, resolve=True) if rc is not None else {})
+    with open_dict(section):
+        section.rollout_is = "token"
+        if section.get("rollout_is_threshold") is None:
+            section.rollout_is_threshold = 2.0
+    return section, True
+
+
+def default_correction_flag(applied: Optional[bool]) -> dict[str, float]:
+    return {"fully_async/correction/default_is": float(bool(applied))}
