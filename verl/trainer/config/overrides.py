@@ -65,6 +65,14 @@ LEGACY_ALIASES: dict[str, str] = {
     "critic.model.fsdp_config": "critic.fsdp",
 }
 
+# Spellings upstream's own example scripts use for a key that lives elsewhere in its config: upstream's SAPO
+# script adds `+actor_rollout_ref.actor.policy_loss.tau_pos`, while its SAPO loss reads `actor.tau_pos`. The
+# script's spelling is read as the key the loss reads (one note each), `+` included.
+SPELLING_ALIASES: dict[str, str] = {
+    "actor_rollout_ref.actor.policy_loss.tau_pos": "actor_rollout_ref.actor.tau_pos",
+    "actor_rollout_ref.actor.policy_loss.tau_neg": "actor_rollout_ref.actor.tau_neg",
+}
+
 # Old spellings that are not aliases (the meaning changed): refused with a pointer to the new key.
 _MOVED_PREFIXES: dict[str, str] = {
     **LEGACY_ALIASES,
@@ -416,7 +424,7 @@ def check_overrides(
 def _legacy_target(key: str, tree: Any) -> Optional[tuple[str, bool, str, str]]:
     """``(new key, below a free-form node, old home, new home)`` for a legacy key whose new home exists
     here, else None."""
-    for old, new in LEGACY_ALIASES.items():
+    for old, new in {**LEGACY_ALIASES, **SPELLING_ALIASES}.items():
         if key != old and not key.startswith(old + "."):
             continue
         target = new + key[len(old):]
@@ -499,8 +507,12 @@ def normalize_overrides(
             legacy = _legacy_target(key, tree)
             if legacy is not None:
                 new_key, below_open, old_home, new_home = legacy
-                note = f"`{old_home}` is deprecated; use `{new_home}` (applied there for this run"
-                note += f": `{key}` -> `{new_key}`)." if old_home != key else ")."
+                if old_home in SPELLING_ALIASES:
+                    note = f"`{old_home}` is read as `{new_home}`, the key upstream's loss reads."
+                    below_open = True  # `+` on the script's (absent) key sets the existing one
+                else:
+                    note = f"`{old_home}` is deprecated; use `{new_home}` (applied there for this run"
+                    note += f": `{key}` -> `{new_key}`)." if old_home != key else ")."
                 if not any(n.startswith(f"`{old_home}` ") for n in notes):  # one warning per legacy home
                     notes.append(note)
                 text = _rewrite_key(text, key, new_key, force_add=below_open)
