@@ -23,6 +23,7 @@ __all__ = [
     "settle_sequence_parallel",
     "normalize_overrides",
     "ConfigKeyError",
+    "hoist_engine_choice",
     "OPEN_DICT_PATTERNS",
     "check_overrides",
     "config_key_paths",
@@ -419,6 +420,30 @@ def check_overrides(
 
 
 # --------------------------------------------------------------------------- upstream spellings
+
+# Where upstream's scripts put the engine choice besides the root group `model_engine=...`: its scaling
+# script writes `actor_rollout_ref.actor.model_engine=megatron` next to `actor.strategy=megatron`.
+ENGINE_CHOICE_SPELLINGS = ("actor_rollout_ref.actor.model_engine",)
+
+
+def hoist_engine_choice(overrides: Sequence[str]) -> list[str]:
+    """Turn ``actor_rollout_ref.actor.model_engine=X`` into the group choice ``model_engine=X`` that picks
+    every role's engine section; a different root choice in the same command is an error naming both."""
+    out: list[str] = []
+    chosen: dict[str, str] = {}
+    for text in overrides:
+        key, sep, value = text.lstrip("+").partition("=")
+        if sep and key in ENGINE_CHOICE_SPELLINGS:
+            chosen[text] = value
+            out.append(f"model_engine={value}")
+            continue
+        if sep and key == "model_engine":
+            chosen[text] = value
+        out.append(text)
+    if len(set(chosen.values())) > 1:
+        raise ConfigKeyError([f"{' and '.join(f'`{t}`' for t in chosen)} pick different training engines; "
+                              "keep one (`model_engine=...` picks the engine of every role)."])
+    return out
 
 
 def _legacy_target(key: str, tree: Any) -> Optional[tuple[str, bool, str, str]]:
