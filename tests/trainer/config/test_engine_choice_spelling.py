@@ -31,6 +31,7 @@ def test_the_same_choice_twice_is_fine_and_a_conflict_is_named():
 def test_megatron_lite_actor_is_refused_naming_the_engine(capsys):
     from verl.trainer.main_ppo import main
 
-    assert main(["actor@actor_rollout_ref.actor=mlite_actor", "--cfg", "job"]) == 2
+    assert main(["actor_rollout_ref.model.path=Qwen/Qwen3.5-35B-A3B", "actor@actor_rollout_ref.actor=mlite_actor",
+                 "--cfg", "job"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Megatron-lite training engine" in err, err
