@@ -34,8 +34,9 @@ STUBS = ("python", "python3", "uv", "ray", "torchrun", "nvidia-smi", "npu-smi", 
 HOME = "/home/user"
 STAMP = "20260101_000000"
 # Variables some scripts require without a default (placeholders: nothing reads the paths here).
-REQUIRED_ENV = {"HDFS_ROOT": "/hdfs", "DATA_ROOT": f"{HOME}/data", "RAY_DATA_HOME": f"{HOME}/verl", "INFER_BACKEND": "vllm",
-                "LORA_ADAPTER_PATH": f"{HOME}/lora_adapter", "KIMI_K2_6_MODEL_PATH": "/models/Kimi-K2.6"}
+REQUIRED_ENV = {"HDFS_ROOT": "/hdfs", "DATA_ROOT": f"{HOME}/data", "RAY_DATA_HOME": f"{HOME}/verl",
+                "INFER_BACKEND": "vllm", "LORA_ADAPTER_PATH": f"{HOME}/lora_adapter",
+                "KIMI_K2_6_MODEL_PATH": "/models/Kimi-K2.6"}
 
 
 def _examples(source: Path, into: Path) -> tuple[Path, str]:
