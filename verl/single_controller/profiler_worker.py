@@ -17,10 +17,10 @@ class ProfilerWorkerMixin:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def start_profile(self, spec: dict, label: str) -> bool:
-        from verl.utils.profiler.torch_profile import TorchTraceRecorder
+        from verl.utils.profiler.recorders import recorder_for
 
         if self._trace_recorder is None:
-            self._trace_recorder = TorchTraceRecorder()
+            self._trace_recorder = recorder_for(spec.get("tool", "torch"))
         return self._trace_recorder.start(spec, int(getattr(self, "rank", 0)), label)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

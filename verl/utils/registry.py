@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import MutableMapping
 from typing import Any, Callable, Iterable, Optional
 
-__all__ = ["Registry", "UnknownNameError", "import_dotted"]
+__all__ = ["Registry", "UnknownNameError", "as_registry", "import_dotted"]
 
 
 class UnknownNameError(ValueError):
@@ -36,27 +37,21 @@ def import_dotted(path: str, extra: Optional[str] = None) -> Any:
     return getattr(module, attr)
 
 
-class Registry(dict):
-    """name -> object (or dotted path to it, resolved lazily).
+class _RegistryLogic:
+    """What every registry does, written against the mapping protocol so that it serves both a
+    :class:`Registry` and a plain dict a user put in its place (:func:`as_registry`)."""
 
-    ``kind`` reads in messages ("advantage estimator"); ``config_key`` is the key users set to pick an
-    entry ("algorithm.adv_estimator"); ``extras`` maps a name to the pip extra that provides it.
-    """
-
-    def __init__(self, kind: str, config_key: Optional[str] = None, extras: Optional[dict[str, str]] = None,
-                 aliases: Optional[dict[str, str]] = None):
-        super().__init__()
-        self.kind = kind
-        self.config_key = config_key
-        self.extras = dict(extras or {})
-        self.aliases = dict(aliases or {})
+    kind: str
+    config_key: Optional[str]
+    extras: dict[str, str]
+    aliases: dict[str, str]
 
     # -- registering -----------------------------------------------------------------------
     def register(self, name: str, obj: Any = None, *, override: bool = False) -> Any:
         """``reg.register("x", fn)`` or ``@reg.register("x")``; returns the object (decorator-friendly)."""
         if obj is None:
             return lambda o: self.register(name, o, override=override)
-        current = dict.get(self, name)
+        current = self.get(name)
         # The same object, or the same class/function re-created by a module reload, is not a clash.
         same = current is obj or current == obj or (
             current is not None and "<" not in _describe(obj) and _describe(current) == _describe(obj))
@@ -98,6 +93,59 @@ class Registry(dict):
         """Append the unknown-name message to ``problems`` (validation collects all problems at once)."""
         if not self.known(name):
             problems.append(self.unknown_message(name))
+
+
+class Registry(_RegistryLogic, dict):
+    """name -> object (or dotted path to it, resolved lazily).
+
+    ``kind`` reads in messages ("advantage estimator"); ``config_key`` is the key users set to pick an
+    entry ("algorithm.adv_estimator"); ``extras`` maps a name to the pip extra that provides it.
+    """
+
+    def __init__(self, kind: str, config_key: Optional[str] = None, extras: Optional[dict[str, str]] = None,
+                 aliases: Optional[dict[str, str]] = None):
+        super().__init__()
+        self.kind = kind
+        self.config_key = config_key
+        self.extras = dict(extras or {})
+        self.aliases = dict(aliases or {})
+
+
+class _DictRegistry(_RegistryLogic, MutableMapping):
+    """A plain dict seen as a registry: reads and writes go to that dict itself, so code holding the dict
+    sees what is registered through the module's functions."""
+
+    def __init__(self, mapping: dict, like: Registry):
+        self._mapping = mapping
+        self.kind, self.config_key = like.kind, like.config_key
+        self.extras, self.aliases = like.extras, like.aliases
+
+    def __getitem__(self, key):
+        return self._mapping[key]
+
+    def __setitem__(self, key, value):
+        self._mapping[key] = value
+
+    def __delitem__(self, key):
+        del self._mapping[key]
+
+    def __iter__(self):
+        return iter(self._mapping)
+
+    def __len__(self):
+        return len(self._mapping)
+
+
+def as_registry(mapping: Any, like: Registry) -> Any:
+    """``mapping`` if it is a :class:`Registry`, else a registry over that very dict with ``like``'s kind and
+    config key. Upstream's registries are plain module-level dicts that its users (and its tests) clear or
+    rebind (``core_algos.ADV_ESTIMATOR_REGISTRY = {...}``) before registering; modules that own such a
+    registry resolve it through here at call time, so a rebound dict is the one registered into and read."""
+    if isinstance(mapping, Registry):
+        return mapping
+    if not isinstance(mapping, MutableMapping):
+        raise TypeError(f"the {like.kind} registry was replaced by a {type(mapping).__name__}; it must be a dict")
+    return _DictRegistry(mapping, like)
 
 
 def _describe(obj: Any) -> str:

@@ -88,6 +88,9 @@ def check_profiler(c: Checker) -> None:
     from verl.utils.profiler.config import check_profiler_config
 
     c.problems.extend(check_profiler_config(c.cfg))
+    if c.get("global_profiler.tool") == "torch_memory" and not c.get("global_profiler.steps"):
+        c.warn("global_profiler.tool=torch_memory without global_profiler.steps takes no snapshot here (upstream "
+               "also dumps one when CUDA runs out of memory; that observer is not built): list steps, e.g. [1].")
 
 
 def check_out_of_scope(c: Checker) -> None:

@@ -188,9 +188,13 @@ def is_interpolation(cfg: DictConfig, key: str) -> bool:
 def live_registry(kind: str):
     """The live registry behind a registry-backed key (imported here so plugins registered first count)."""
     if kind == "adv":
-        from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as reg
+        from verl.trainer.ppo.core_algos import adv_estimator_registry
+
+        reg = adv_estimator_registry()
     elif kind == "policy_loss":
-        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as reg
+        from verl.trainer.ppo.core_algos import policy_loss_registry
+
+        reg = policy_loss_registry()
     elif kind == "kl":
         from verl.trainer.ppo.kl import KL_ESTIMATOR_REGISTRY as reg
     elif kind == "rollout":

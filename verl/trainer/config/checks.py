@@ -25,6 +25,7 @@ from .overrides import (
     config_key_paths,
     normalize_overrides,
     settle_sequence_parallel,
+    hoist_engine_choice,
     split_overrides,
     upstream_only_keys,
 )
@@ -70,7 +71,7 @@ def compose_config(
     from hydra.core.global_hydra import GlobalHydra
 
     config_dir = Path(config_dir) if config_dir is not None else CONFIG_DIR
-    overrides = list(overrides)
+    overrides = hoist_engine_choice(overrides)
     group_overrides, _ = split_overrides(overrides, config_dir)
     if config_dir.resolve() != CONFIG_DIR and not any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
         # Configs in a user's --config-path build on this folder (`defaults: [ppo_trainer, ...]`).

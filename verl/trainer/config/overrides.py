@@ -23,6 +23,7 @@ __all__ = [
     "settle_sequence_parallel",
     "normalize_overrides",
     "ConfigKeyError",
+    "hoist_engine_choice",
     "OPEN_DICT_PATTERNS",
     "check_overrides",
     "config_key_paths",
@@ -63,6 +64,14 @@ LEGACY_ALIASES: dict[str, str] = {
     "reward_model.model.path": "reward.reward_model.model_path",
     "reward_model.rollout": "reward.reward_model.rollout",
     "critic.model.fsdp_config": "critic.fsdp",
+}
+
+# Spellings upstream's own example scripts use for a key that lives elsewhere in its config: upstream's SAPO
+# script adds `+actor_rollout_ref.actor.policy_loss.tau_pos`, while its SAPO loss reads `actor.tau_pos`. The
+# script's spelling is read as the key the loss reads (one note each), `+` included.
+SPELLING_ALIASES: dict[str, str] = {
+    "actor_rollout_ref.actor.policy_loss.tau_pos": "actor_rollout_ref.actor.tau_pos",
+    "actor_rollout_ref.actor.policy_loss.tau_neg": "actor_rollout_ref.actor.tau_neg",
 }
 
 # Old spellings that are not aliases (the meaning changed): refused with a pointer to the new key.
@@ -412,11 +421,35 @@ def check_overrides(
 
 # --------------------------------------------------------------------------- upstream spellings
 
+# Where upstream's scripts put the engine choice besides the root group `model_engine=...`: its scaling
+# script writes `actor_rollout_ref.actor.model_engine=megatron` next to `actor.strategy=megatron`.
+ENGINE_CHOICE_SPELLINGS = ("actor_rollout_ref.actor.model_engine",)
+
+
+def hoist_engine_choice(overrides: Sequence[str]) -> list[str]:
+    """Turn ``actor_rollout_ref.actor.model_engine=X`` into the group choice ``model_engine=X`` that picks
+    every role's engine section; a different root choice in the same command is an error naming both."""
+    out: list[str] = []
+    chosen: dict[str, str] = {}
+    for text in overrides:
+        key, sep, value = text.lstrip("+").partition("=")
+        if sep and key in ENGINE_CHOICE_SPELLINGS:
+            chosen[text] = value
+            out.append(f"model_engine={value}")
+            continue
+        if sep and key == "model_engine":
+            chosen[text] = value
+        out.append(text)
+    if len(set(chosen.values())) > 1:
+        raise ConfigKeyError([f"{' and '.join(f'`{t}`' for t in chosen)} pick different training engines; "
+                              "keep one (`model_engine=...` picks the engine of every role)."])
+    return out
+
 
 def _legacy_target(key: str, tree: Any) -> Optional[tuple[str, bool, str, str]]:
     """``(new key, below a free-form node, old home, new home)`` for a legacy key whose new home exists
     here, else None."""
-    for old, new in LEGACY_ALIASES.items():
+    for old, new in {**LEGACY_ALIASES, **SPELLING_ALIASES}.items():
         if key != old and not key.startswith(old + "."):
             continue
         target = new + key[len(old):]
@@ -499,8 +532,12 @@ def normalize_overrides(
             legacy = _legacy_target(key, tree)
             if legacy is not None:
                 new_key, below_open, old_home, new_home = legacy
-                note = f"`{old_home}` is deprecated; use `{new_home}` (applied there for this run"
-                note += f": `{key}` -> `{new_key}`)." if old_home != key else ")."
+                if old_home in SPELLING_ALIASES:
+                    note = f"`{old_home}` is read as `{new_home}`, the key upstream's loss reads."
+                    below_open = True  # `+` on the script's (absent) key sets the existing one
+                else:
+                    note = f"`{old_home}` is deprecated; use `{new_home}` (applied there for this run"
+                    note += f": `{key}` -> `{new_key}`)." if old_home != key else ")."
                 if not any(n.startswith(f"`{old_home}` ") for n in notes):  # one warning per legacy home
                     notes.append(note)
                 text = _rewrite_key(text, key, new_key, force_add=below_open)

@@ -130,8 +130,10 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
         c.number(f"{a}.{key}", low=0, low_open=True)
     c.number(f"{a}.clip_ratio_c", low=1, low_open=True)
     c.choice(f"{a}.loss_agg_mode", loss_agg_modes())
-    c.registered(f"{a}.policy_loss.loss_mode", "policy_loss")
+    check_loss_mode_keys(c, a, c.registered(f"{a}.policy_loss.loss_mode", "policy_loss"))
     c.number(f"{a}.entropy_coeff")
+    if c.flag(f"{a}.use_prefix_grouper"):
+        c.fail(f"{a}.use_prefix_grouper", PREFIX_GROUPER_WHY)
     if c.flag(f"{a}.use_kl_loss"):
         check_kl_name(c, f"{a}.kl_loss_type")
         c.number(f"{a}.kl_loss_coef", low=0)
@@ -188,6 +190,27 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
         if isinstance(sp, int) and legacy * sp < world:
             c.fail(f"{a}.ppo_micro_batch_size",
                    f"({legacy}) * ulysses_sequence_parallel_size ({sp}) must be >= the world size ({world}).")
+
+
+# Why actor.use_prefix_grouper=true is refused rather than built.
+PREFIX_GROUPER_WHY = (
+    "is true, but the shared-prefix forward is not implemented: it runs a GRPO group's prompt once and lets every "
+    "response attend to that one copy, while packed sequences here give each sequence its own attention block "
+    "(flash-attn varlen / cu_seqlens) and each Gated DeltaNet layer a recurrent state that restarts at every "
+    "sequence, so a response cannot read another row's prefix without a custom mask and a state hand-off the "
+    "packed kernels do not offer. It changes speed, not results: set it to false.")
+
+
+def check_loss_mode_keys(c: Checker, a: str, mode: Optional[str]) -> None:
+    """The settings a built-in loss mode reads (a user's own loss reads what it likes)."""
+    if mode == "sapo":
+        for key in ("tau_pos", "tau_neg"):
+            c.number(f"{a}.{key}", low=0, low_open=True)
+    elif mode == "dro":
+        beta = c.get(f"{a}.policy_loss.dro_beta")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta <= 0:
+            c.fail(f"{a}.policy_loss.dro_beta", f"is {beta!r}, but policy_loss.loss_mode=dro needs a positive number "
+                                                 "(the weight of its squared log-ratio penalty).")
 
 
 def check_rollout(c: Checker, world: Optional[int]) -> None:

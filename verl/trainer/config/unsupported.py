@@ -58,6 +58,7 @@ FEATURE_VALUES: dict[tuple[str, str], str] = {
 # config group -> {choice: feature}, for `model_engine=veomni` and the like.
 FEATURE_GROUP_CHOICES: dict[str, dict[str, str]] = {
     "model_engine": {"veomni": "the VeOmni training engine", "torchtitan": "the TorchTitan training engine"},
+    "actor": {"mlite_actor": "the Megatron-lite training engine (upstream's verl_mlite plugin)"},
     "distillation": {"*": "distillation (teacher-model distillation)"},
 }
 

@@ -12,7 +12,10 @@ re-exports the implementations, which live in:
 Both registries are :class:`verl.utils.registry.Registry` instances (dict
 subclasses, so code reading ``core_algos.ADV_ESTIMATOR_REGISTRY[...]`` keeps
 working); config validation asks them, so whatever is registered before
-``main_ppo`` runs is accepted.
+``main_ppo`` runs is accepted. As with upstream's module-level dicts, a user may
+clear them or rebind the module attribute to a dict of their own: the functions
+here (and validation) read the attribute at call time, so later registrations go
+into, and lookups read, whatever dict it names then.
 """
 
 from enum import Enum
@@ -20,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from verl.utils.registry import Registry
+from verl.utils.registry import Registry, as_registry
 from verl.trainer.ppo.advantage import (
     compute_gae_advantage_return,
     compute_gdpo_outcome_advantage,
@@ -72,7 +75,13 @@ __all__ = ["register_adv_est", "get_adv_estimator_fn", "AdvantageEstimator"]
 #   -> (scalar loss, metrics dict)
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 
-POLICY_LOSS_REGISTRY = Registry("policy loss", config_key="actor_rollout_ref.actor.policy_loss.loss_mode")
+_POLICY_LOSS_KIND = Registry("policy loss", config_key="actor_rollout_ref.actor.policy_loss.loss_mode")
+POLICY_LOSS_REGISTRY = _POLICY_LOSS_KIND
+
+
+def policy_loss_registry():
+    """The policy-loss registry the module attribute names now (a user may have rebound it)."""
+    return as_registry(POLICY_LOSS_REGISTRY, like=_POLICY_LOSS_KIND)
 
 
 def register_policy_loss(name: str, *, override: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
@@ -80,12 +89,12 @@ def register_policy_loss(name: str, *, override: bool = False) -> Callable[[Poli
 
     Like every registry here, binding a taken name to a different function raises unless ``override=True``.
     """
-    return POLICY_LOSS_REGISTRY.register(name, override=override)
+    return policy_loss_registry().register(name, override=override)
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     """Look up a policy loss; an unknown name raises ``ValueError`` listing the registered modes."""
-    return POLICY_LOSS_REGISTRY.get_or_raise(name)
+    return policy_loss_registry().get_or_raise(name)
 
 
 # ----------------------------------------------------------------------------- advantage registry
@@ -119,7 +128,13 @@ class AdvantageEstimator(str, Enum):
     TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
 
 
-ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator", config_key="algorithm.adv_estimator")
+_ADV_ESTIMATOR_KIND = Registry("advantage estimator", config_key="algorithm.adv_estimator")
+ADV_ESTIMATOR_REGISTRY = _ADV_ESTIMATOR_KIND
+
+
+def adv_estimator_registry():
+    """The estimator registry the module attribute names now (a user may have rebound it)."""
+    return as_registry(ADV_ESTIMATOR_REGISTRY, like=_ADV_ESTIMATOR_KIND)
 
 
 def _estimator_name(name_or_enum) -> str:
@@ -132,12 +147,12 @@ def register_adv_est(name_or_enum: str | AdvantageEstimator, *, override: bool =
     Registering the same function twice is a no-op; binding a taken name to a *different* function raises
     (unless ``override=True``), so plugins cannot silently replace each other.
     """
-    return ADV_ESTIMATOR_REGISTRY.register(_estimator_name(name_or_enum), override=override)
+    return adv_estimator_registry().register(_estimator_name(name_or_enum), override=override)
 
 
 def get_adv_estimator_fn(name_or_enum):
     """Look up an estimator; an unknown name raises ``ValueError`` listing the registered ones."""
-    return ADV_ESTIMATOR_REGISTRY.get_or_raise(_estimator_name(name_or_enum))
+    return adv_estimator_registry().get_or_raise(_estimator_name(name_or_enum))
 
 
 # ----------------------------------------------------------------------------- built-in registrations

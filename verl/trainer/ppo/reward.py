@@ -89,6 +89,8 @@ def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs: An
     manager_cls = _manager_cls(config)
     compute_score = get_custom_reward_fn(config) or get_default_compute_score(getattr(manager_cls, "__name__", None))
     reward_fn_key = cfg_get(cfg_get(config, "data"), "reward_fn_key", "data_source")
+    if "experiment_name" in inspect.signature(manager_cls).parameters:  # the gdpo manager hands it to the scorer
+        reward_kwargs.setdefault("experiment_name", cfg_get(cfg_get(config, "trainer"), "experiment_name"))
     return manager_cls(
         tokenizer=tokenizer,
         num_examine=num_examine,

@@ -7,11 +7,21 @@ from typing import Optional
 
 import torch
 
-__all__ = ["TorchTraceRecorder"]
+__all__ = ["TorchTraceRecorder", "trace_path"]
+
+
+def trace_path(spec: dict, label: str, rank: int, suffix: str) -> str:
+    """``<save_path>/<label>/<group>_rank<rank><suffix>``, or with ``relocate`` (relocate_results)
+    ``<save_path>/<label>_<group>_rank<rank><suffix>``: every trace in save_path itself."""
+    save_path = os.path.expanduser(spec["save_path"])
+    name = f"{spec['group']}_rank{rank}{suffix}"
+    if spec.get("relocate"):
+        return os.path.join(save_path, f"{label}_{name}")
+    return os.path.join(save_path, label, name)
 
 
 class TorchTraceRecorder:
-    """One recorder per worker process; traces land in ``<save_path>/<label>/<group>_rank<rank>.json``."""
+    """One recorder per worker process; traces land where :func:`trace_path` says."""
 
     def __init__(self) -> None:
         self._prof: Optional[torch.profiler.profile] = None
@@ -37,8 +47,7 @@ class TorchTraceRecorder:
             profile_memory="memory" in contents,
             with_stack="stack" in contents,
         )
-        directory = os.path.join(os.path.expanduser(spec["save_path"]), label)
-        self._target = os.path.join(directory, f"{spec['group']}_rank{rank}.json")
+        self._target = trace_path(spec, label, rank, ".json")
         self._prof.start()
         return True
 
