@@ -121,6 +121,16 @@ def sequence_parallel_size(c: Checker, section: str, packing_key: str, packing_n
     return sp
 
 
+def check_fsdp_precision(c: Checker, section: str) -> None:
+    """``<section>.mixed_precision.{param,reduce,buffer}_dtype`` of an FSDP engine section: null or a dtype name."""
+    from verl.workers.engine.fsdp.model_init import DTYPES
+
+    for name in ("param_dtype", "reduce_dtype", "buffer_dtype"):
+        key = f"{section}.mixed_precision.{name}"
+        if c.get(key) not in (None, UNSET):
+            c.choice(key, sorted(DTYPES))
+
+
 def check_actor(c: Checker, world: Optional[int]) -> None:
     a = "actor_rollout_ref.actor"
     strategy = train_strategy(c, f"{a}.strategy")
@@ -141,6 +151,7 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
     if strategy == "fsdp2":
         sequence_parallel_size(c, a, f"{a}.use_remove_padding", "actor_rollout_ref.model.use_remove_padding",
                                "fsdp_config")
+        check_fsdp_precision(c, f"{a}.fsdp_config")
 
     if c.flag(f"{a}.use_dynamic_bsz"):
         c.integer(f"{a}.ppo_max_token_len_per_gpu", minimum=1)
@@ -246,7 +257,8 @@ def check_ref(c: Checker) -> None:
     if not need_reference_policy(c.cfg):
         return
     f = "actor_rollout_ref.ref"
-    train_strategy(c, f"{f}.strategy")
+    if train_strategy(c, f"{f}.strategy") == "fsdp2":
+        check_fsdp_precision(c, f"{f}.fsdp_config")
     c.micro_batch_pair(f, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz")
 
 
@@ -266,6 +278,7 @@ def check_critic(c: Checker, world: Optional[int]) -> None:
     check_model(c, f"{k}.model")
     check_checkpoint(c, f"{k}.checkpoint")
     if strategy == "fsdp2":
+        check_fsdp_precision(c, f"{k}.fsdp")
         sp = sequence_parallel_size(c, k, f"{k}.model.use_remove_padding", "critic.model.use_remove_padding", "fsdp")
         if world is not None and isinstance(sp, int) and sp > 0 and world % sp:
             c.fail(f"{k}.ulysses_sequence_parallel_size", f"({sp}) must divide the world size ({world}).")
