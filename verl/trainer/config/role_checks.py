@@ -59,6 +59,12 @@ def check_data(c: Checker) -> None:
 
 
 def check_model(c: Checker, prefix: str) -> None:
+    from .lora_section import lora_section_conflicts
+
+    for section_key, flat_key in lora_section_conflicts(c.cfg):
+        if section_key.startswith(prefix + "."):
+            c.fail(section_key, f"is {c.get(section_key)!r} but `{flat_key}` is {c.get(flat_key)!r}: they are one "
+                                "setting (upstream's new and old spelling); set one of them.")
     rank = c.integer(f"{prefix}.lora_rank", minimum=0)
     if rank:
         c.number(f"{prefix}.lora_alpha", low=0, low_open=True)

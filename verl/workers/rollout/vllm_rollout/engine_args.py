@@ -182,7 +182,9 @@ def build_llm_kwargs(
                              "process group (launch through main_ppo or torchrun); a single process runs tp=1")
     if is_vl:
         kw["language_model_only"] = True  # text rollouts: the vision tower is neither built nor synced
-    lora_rank = int(_get(model_config, "lora_rank", 0) or 0)
+    from verl.workers.lora import rollout_lora_rank
+
+    lora_rank = rollout_lora_rank(model_config)  # 0 under model.lora.merge: merged full weights arrive
     if lora_rank > 0:
         kw.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
         # With an adapter sync only the adapter travels; the frozen base must come from the checkpoint.
