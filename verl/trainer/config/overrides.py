@@ -437,7 +437,8 @@ def _legacy_target(key: str, tree: Any) -> Optional[tuple[str, bool, str, str]]:
 
 # Upstream moved Ulysses sequence parallelism from the role (its key there is marked deprecated) into the
 # role's FSDP engine section, and a role value above 1 still wins. Workers here read the role key.
-SEQUENCE_PARALLEL_HOMES = (("actor_rollout_ref.actor", "fsdp_config"), ("critic", "fsdp"))
+SEQUENCE_PARALLEL_HOMES = (("actor_rollout_ref.actor", "fsdp_config"), ("actor_rollout_ref.ref", "fsdp_config"),
+                           ("critic", "fsdp"))
 
 
 def settle_sequence_parallel(cfg: Any) -> None:

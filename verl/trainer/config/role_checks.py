@@ -259,12 +259,24 @@ def check_rollout(c: Checker, world: Optional[int]) -> None:
                "but actor_rollout_ref.rollout.n=1: every advantage will be zero. Set rollout.n > 1.")
 
 
-def check_ref(c: Checker) -> None:
+def check_ref(c: Checker, world: Optional[int] = None) -> None:
     if not need_reference_policy(c.cfg):
         return
     f = "actor_rollout_ref.ref"
     if train_strategy(c, f"{f}.strategy") == "fsdp2":
         check_fsdp_precision(c, f"{f}.fsdp_config")
+        # The reference may run its own Ulysses size (its worker regroups the actor-layout data for it), except
+        # under LoRA, where it is the actor's module with the adapters off and so keeps the actor's layout.
+        sp = sequence_parallel_size(c, f, "actor_rollout_ref.model.use_remove_padding",
+                                    "actor_rollout_ref.model.use_remove_padding", "fsdp_config")
+        actor_sp = c.get("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1)
+        if isinstance(sp, int) and sp > 1 and world and world % sp:
+            c.fail(f"{f}.ulysses_sequence_parallel_size", f"({sp}) must divide the world size ({world}).")
+        lora = (c.get("actor_rollout_ref.model.lora_rank", 0) or 0) > 0 or c.get("actor_rollout_ref.model.lora_adapter_path")
+        if lora and isinstance(sp, int) and sp != actor_sp:
+            c.fail(f"{f}.ulysses_sequence_parallel_size", f"is {sp} but the actor's is {actor_sp}: with LoRA the "
+                                                          "reference is the actor's own model (adapters off) and "
+                                                          "runs in its layout; leave it at the actor's.")
     c.micro_batch_pair(f, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz")
 
 
