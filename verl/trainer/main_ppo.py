@@ -144,14 +144,14 @@ def run_ppo(cfg: DictConfig, launch=None, make_trainer=None, prompts_per_step: i
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
     from verl.utils.tracking import Tracking, announce_run_dir, new_run_dir
-    from verl.utils.tokenizer import load_tokenizer_and_processor
+    from verl.utils.tokenizer import controller_tokenizer_and_processor
 
     from transformers import AutoConfig
 
     from verl.utils.tokenizer import local_model_path
     from verl.utils.user_errors import GuardedDataset, guard, guard_reward_fn
 
-    tokenizer, processor = load_tokenizer_and_processor(cfg.actor_rollout_ref.model)
+    tokenizer, processor = controller_tokenizer_and_processor(cfg)  # data.trust_remote_code
     # The dataset needs the model config for Qwen3.5-VL mRoPE position ids.
     hf_config = AutoConfig.from_pretrained(local_model_path(cfg.actor_rollout_ref.model),
                                            trust_remote_code=bool(cfg.actor_rollout_ref.model.get("trust_remote_code")))

@@ -101,6 +101,11 @@ def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
         problems.append(f"`data.truncation={d.truncation!r}` is not supported; use one of {list(TRUNCATION_MODES)}")
     if not d.get("train_files"):
         problems.append("`data.train_files` is empty")
+    from verl.trainer.config.lora_section import lora_section_conflicts
+
+    for section_key, flat_key in lora_section_conflicts(cfg):
+        problems.append(f"`{section_key}` and `{flat_key}` are one setting (upstream's new and old spelling) and "
+                        "are set to different values; set one of them")
     lora_rank, adapter = cfg.model.get("lora_rank") or 0, cfg.model.get("lora_adapter_path")
     if strategy == "megatron" and (lora_rank > 0 or adapter):
         # The Megatron engine has no LoRA; its own error would name the RL keys (actor_rollout_ref.model.*).

@@ -4,7 +4,9 @@ Shared by every training engine (FSDP, Megatron), the rollout and the trainer's 
 
 from __future__ import annotations
 
-__all__ = ["load_tokenizer_and_processor", "local_model_path"]
+from typing import Optional
+
+__all__ = ["controller_tokenizer_and_processor", "load_tokenizer_and_processor", "local_model_path"]
 
 
 def local_model_path(model_cfg, section: str = "actor_rollout_ref.model") -> str:
@@ -15,7 +17,17 @@ def local_model_path(model_cfg, section: str = "actor_rollout_ref.model") -> str
     return model_config_dir(model_cfg, "path", what=f"{section}.path")
 
 
-def load_tokenizer_and_processor(model_cfg, section: str = "actor_rollout_ref.model"):
+def controller_tokenizer_and_processor(cfg):
+    """The trainer's own tokenizer / processor (datasets, reward): remote code in the tokenizer files is trusted
+    when upstream's ``data.trust_remote_code`` says so, or the model's ``trust_remote_code`` (the workers load
+    the same files under that key, so a run that trusts the model need not repeat it for the data)."""
+    model = cfg.actor_rollout_ref.model
+    trust = bool(cfg.data.get("trust_remote_code", False)) or bool(model.get("trust_remote_code", False))
+    return load_tokenizer_and_processor(model, trust_remote_code=trust)
+
+
+def load_tokenizer_and_processor(model_cfg, section: str = "actor_rollout_ref.model",
+                                 trust_remote_code: Optional[bool] = None):
     """Tokenizer (must have a chat template) and, for VL checkpoints, the processor. ``tokenizer_path``,
     when set, is resolved like ``path`` (local directory or hub id)."""
     from transformers import AutoTokenizer
@@ -25,7 +37,7 @@ def load_tokenizer_and_processor(model_cfg, section: str = "actor_rollout_ref.mo
 
     key = "tokenizer_path" if model_cfg.get("tokenizer_path") else "path"
     tok_path = model_config_dir(model_cfg, key, what=f"{section}.{key}")
-    trust = bool(model_cfg.get("trust_remote_code", False))
+    trust = bool(model_cfg.get("trust_remote_code", False)) if trust_remote_code is None else trust_remote_code
     tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=trust)
     custom = model_cfg.get("custom_chat_template")
     if custom:

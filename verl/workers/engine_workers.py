@@ -102,6 +102,7 @@ class ActorRolloutRefWorker(Worker):
         world = dist.get_world_size()
         sp = int(cfg.actor.get("ulysses_sequence_parallel_size", 1))
         replica = ranks_per_dp_replica(cfg.actor)
+        self._replica = replica  # consecutive ranks that receive the same dispatched chunk
         self.dp_size = world // replica
         self.dp_rank = self.rank // replica  # consecutive ranks form one sequence- / model-parallel group
         self.tokenizer, self.processor = load_tokenizer_and_processor(cfg.model)
@@ -122,8 +123,9 @@ class ActorRolloutRefWorker(Worker):
         if self._is_ref:
             # LoRA: the reference policy is the actor with its adapters disabled; no second base model.
             share = {"share_module_with": self.actor_engine} if self._is_lora else {}
-            with open_dict(cfg.ref):  # the reference runs in the actor's sequence-parallel layout
-                cfg.ref.ulysses_sequence_parallel_size = sp
+            if self._is_lora:  # the shared module was patched for the actor's sequence-parallel layout
+                with open_dict(cfg.ref):
+                    cfg.ref.ulysses_sequence_parallel_size = sp
             self.ref_engine = build_engine(cfg.ref, cfg.model, "ref", trainable=False, **share)
             self.ref_engine.initialize()
             self.ref_policy = PPOActor(cfg.ref, self.ref_engine)
@@ -290,9 +292,16 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        from verl.workers.sp_regroup import compute_in_group
+
         self._log_prob_meta(data, "ref")
-        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
-        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+        def ref_log_prob(batch: DataProto) -> DataProto:
+            log_probs, _ = self.ref_policy.compute_log_prob(batch, calculate_entropy=False)
+            return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+        # ref.ulysses_sequence_parallel_size may differ from the actor's, whose layout the data arrives in
+        return compute_in_group(data, getattr(self.ref_engine, "sp_group", None), self._replica, ref_log_prob)
 
     # ------------------------------------------------------------------ update
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)

@@ -99,6 +99,17 @@ def lora_enabled(model_cfg: Any) -> bool:
     return int(cfg_get(model_cfg, "lora_rank", 0) or 0) > 0 or bool(cfg_get(model_cfg, "lora_adapter_path"))
 
 
+def lora_merge(model_cfg: Any) -> bool:
+    """``model.lora.merge`` (upstream's key): the rollout engine gets base weights with the adapter merged in."""
+    return bool(cfg_get(cfg_get(model_cfg, "lora"), "merge", False))
+
+
+def rollout_lora_rank(model_cfg: Any) -> int:
+    """The LoRA rank the rollout engine is built for: ``lora_rank``, or 0 under ``lora.merge`` (it then gets full
+    merged weights and runs without LoRA, as upstream's vLLM server does)."""
+    return 0 if lora_merge(model_cfg) else int(cfg_get(model_cfg, "lora_rank", 0) or 0)
+
+
 def read_adapter_config(path: str) -> dict:
     cfg_file = os.path.join(os.path.expanduser(str(path)), ADAPTER_CONFIG_NAME)
     if not os.path.isfile(cfg_file):
@@ -354,6 +365,8 @@ def check_lora_rollout_config(actor_rollout_ref_cfg: Any) -> None:
     name = str(cfg_get(rollout_cfg, "name", "hf"))
     if name == "hf":
         return  # generates with the live actor module: nothing to load, any load_format works
+    if lora_merge(model_cfg):
+        return  # full merged weights are synced: the engine may start from dummy weights
     fmt = str(cfg_get(rollout_cfg, "load_format", "dummy"))
     if fmt.startswith("dummy"):
         raise ValueError(
@@ -370,13 +383,14 @@ def fused_expert_wrappers(module: nn.Module) -> list[nn.Module]:
     return [m for m in module.modules() if isinstance(m, ParamWrapper)]
 
 
-def rollout_lora_mode(module: nn.Module) -> str:
+def rollout_lora_mode(module: nn.Module, merge: bool = False) -> str:
     """``adapter`` (send adapter tensors, the engine applies them) or ``merged`` (send merged full weights).
 
-    Adapters on fused MoE experts (PEFT ``target_parameters``) have no engine counterpart, so those runs send
-    merged weights; everything else sends the adapter.
+    ``merge`` (``model.lora.merge``) asks for merged weights. Adapters on fused MoE experts (PEFT
+    ``target_parameters``) have no engine counterpart, so those runs send merged weights too; everything else
+    sends the adapter.
     """
-    if not is_peft_model(module):
+    if not is_peft_model(module) or merge:
         return "merged"
     return "merged" if fused_expert_wrappers(module) else "adapter"
 
@@ -432,7 +446,8 @@ def iter_merged_weights(module: nn.Module, bucket_megabytes: float = 512, layere
 
 
 def rollout_sync(module: nn.Module, bucket_megabytes: float = 512, layered: bool = False,
-                 dtype: Optional[torch.dtype] = None) -> tuple[Iterable[tuple[str, torch.Tensor]], dict]:
+                 dtype: Optional[torch.dtype] = None,
+                 merge: bool = False) -> tuple[Iterable[tuple[str, torch.Tensor]], dict]:
     """``(weights, update_weights kwargs)`` for an engine that loads weights (vLLM) from a LoRA actor.
 
     Adapter mode yields PEFT-named adapter tensors with ``lora={"peft_config", "lora_int_id"}``; merged mode
@@ -440,10 +455,10 @@ def rollout_sync(module: nn.Module, bucket_megabytes: float = 512, layered: bool
     """
     from verl.workers.weight_sync import iter_hf_weights
 
-    mode = rollout_lora_mode(module)
+    mode = rollout_lora_mode(module, merge=merge)
     if getattr(module, "_verl_lora_sync_logged", None) != mode:
-        why = ("LoRA on fused MoE experts has no engine-side adapter" if mode == "merged"
-               else "the engine applies the adapter on top of the base weights it loaded")
+        why = ("model.lora.merge=true" if merge else "LoRA on fused MoE experts has no engine-side adapter"
+               if mode == "merged" else "the engine applies the adapter on top of the base weights it loaded")
         _log(f"rollout weight sync: LoRA mode '{mode}' ({why})")
         module._verl_lora_sync_logged = mode
     if mode == "merged":
@@ -472,11 +487,13 @@ __all__ = [
     "is_peft_model",
     "iter_merged_weights",
     "lora_enabled",
+    "lora_merge",
     "merge_adapter_into",
     "read_adapter_config",
     "resolve_target_modules",
     "resolve_target_parameters",
     "rollout_lora_mode",
+    "rollout_lora_rank",
     "rollout_sync",
     "save_lora_adapter",
 ]

@@ -30,6 +30,10 @@ CASES = [
     ("ppo_trainer", ["~trainer.total_epochs", "+trainer.total_epochs=3"], True),  # deleted by an earlier one
     ("ppo_megatron_trainer", [f"+{OTC}.recompute_modules=[core_attn,mlp]"], True),
     ("ppo_megatron_trainer", [f"+{OTC}.recompute_method=uniform", f"+{OTC}.recompute_num_layers=1"], True),
+    # the ref's override_transformer_config inherits the actor's (an interpolation): `+` replaces it
+    ("ppo_megatron_trainer", ["+actor_rollout_ref.ref.megatron.override_transformer_config.apply_rope_fusion=False"],
+     True),
+    ("ppo_trainer", ["+actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"], False),  # upstream scripts' `+`
     ("ppo_trainer", ["+trainer.total_epochs=3"], False),  # a scalar onto a set scalar
     ("ppo_trainer", ["+trainer.logger=console"], False),  # a scalar onto a list
     ("ppo_trainer", ["+trainer.logger=null"], False),  # null is a scalar too

@@ -267,6 +267,7 @@ class AgentLoopManager:
             max_tokens=int(rc.response_length),
             stop_token_ids=stop,
             seed=meta.get("seed"),
+            logprobs=bool(cfg_get(rc, "calculate_log_probs", True)),  # rollout.calculate_log_probs
         )
 
     def _eos_ids(self) -> list[int]:
@@ -317,14 +318,16 @@ class AgentLoopManager:
         n = len(ntb["raw_prompt"])
         rows = [{k: v[i] for k, v in ntb.items()} for i in range(n)]
         meta = dict(prompts.meta_info or {})
-        outputs, engine_calls = self.run_rows(rows, self.sampling_params(meta))
-        tensors, non_tensors, metrics = self.postprocess(outputs)
+        params = self.sampling_params(meta)
+        outputs, engine_calls = self.run_rows(rows, params)
+        tensors, non_tensors, metrics = self.postprocess(outputs, with_logprobs=params.logprobs)
         metrics["agent_loop/engine_calls"] = float(engine_calls)
         meta_out = {"metrics": [o.metrics for o in outputs], "agent_loop_metrics": metrics}
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_out)
 
-    def postprocess(self, outputs: list[AgentLoopOutput]):
-        """Pad outputs to ``(B, prompt_length)`` / ``(B, response_length)`` and build masks and positions."""
+    def postprocess(self, outputs: list[AgentLoopOutput], with_logprobs: bool = True):
+        """Pad outputs to ``(B, prompt_length)`` / ``(B, response_length)`` and build masks and positions;
+        ``with_logprobs``: include the rollout log-probs (``rollout.calculate_log_probs``)."""
         pl, rl = int(self.rollout_config.prompt_length), int(self.rollout_config.response_length)
         prompts = pad_rows([o.prompt_ids for o in outputs], pl, self.pad_token_id, left=True, dtype=torch.long)
         prompt_attn = pad_rows([[1] * len(o.prompt_ids) for o in outputs], pl, 0, left=True, dtype=torch.long)
@@ -351,8 +354,9 @@ class AgentLoopManager:
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": torch.cat(positions, dim=0),
-            "rollout_log_probs": logprobs * response_mask,
         }
+        if with_logprobs:
+            tensors["rollout_log_probs"] = logprobs * response_mask
         non_tensors = {"__num_turns__": np.array([o.num_turns for o in outputs], dtype=np.int32)}
         if any("tool_reward" in o.extra_fields for o in outputs):
             non_tensors["tool_rewards"] = np.array([o.extra_fields.get("tool_reward", 0.0) for o in outputs])

@@ -137,6 +137,11 @@ def check_recipes(c: Checker) -> None:
                                         "use loss_mode=vanilla or turn bypass_mode off.")
     elif c.get(f"{rc}.loss_type") == "reinforce":
         c.fail(f"{rc}.loss_type", "=reinforce applies only with rollout_correction.bypass_mode=true.")
+    uses = [k for k in ("rollout_is", "rollout_rs") if c.get(f"{rc}.{k}") is not None]
+    uses += ["bypass_mode"] if c.flag(f"{rc}.bypass_mode") else []
+    if uses and not c.flag("actor_rollout_ref.rollout.calculate_log_probs", True):
+        c.fail("actor_rollout_ref.rollout.calculate_log_probs",
+               f"is false, but algorithm.rollout_correction.{uses[0]} needs the rollout's log-probs; set it to true.")
     kwargs = c.get("reward.reward_kwargs") or {}
     if not isinstance(kwargs, dict):
         return

@@ -93,6 +93,9 @@ def compose_config(
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             cfg = _compose()
     settle_sequence_parallel(cfg)
+    from .lora_section import settle_lora_section
+
+    settle_lora_section(cfg)
     if validate:
         validate_config(cfg)
     return cfg

@@ -159,6 +159,10 @@ def _is_open(tree: Any, path: str) -> bool:
     return any(fnmatch.fnmatchcase(path, pat) for pat in OPEN_DICT_PATTERNS)
 
 
+def _is_interpolation(node: Any) -> bool:
+    return isinstance(node, str) and node.startswith("${") and node.endswith("}")
+
+
 def _open_ancestor(tree: Any, parts: Sequence[str]) -> Optional[str]:
     """The nearest existing ancestor of ``parts`` that accepts new keys, if any."""
     for depth in range(len(parts) - 1, 0, -1):
@@ -167,8 +171,10 @@ def _open_ancestor(tree: Any, parts: Sequence[str]) -> Optional[str]:
         if node is _ABSENT:
             continue
         path = ".".join(prefix)
-        if node is None and any(fnmatch.fnmatchcase(path, p) for p in OPEN_DICT_PATTERNS):
-            return path  # a free-form node that is currently null
+        if (node is None or _is_interpolation(node)) and any(fnmatch.fnmatchcase(path, p) for p in OPEN_DICT_PATTERNS):
+            # A free-form node that is currently null, or that inherits another node (the ref's
+            # override_transformer_config follows the actor's): Hydra's `+` replaces it with a new mapping.
+            return path
         if isinstance(node, dict) and _is_open(tree, path):
             return path
         # Walk further up: keys may be added anywhere inside an open subtree.
@@ -464,7 +470,8 @@ def _legacy_target(key: str, tree: Any) -> Optional[tuple[str, bool, str, str]]:
 
 # Upstream moved Ulysses sequence parallelism from the role (its key there is marked deprecated) into the
 # role's FSDP engine section, and a role value above 1 still wins. Workers here read the role key.
-SEQUENCE_PARALLEL_HOMES = (("actor_rollout_ref.actor", "fsdp_config"), ("critic", "fsdp"))
+SEQUENCE_PARALLEL_HOMES = (("actor_rollout_ref.actor", "fsdp_config"), ("actor_rollout_ref.ref", "fsdp_config"),
+                           ("critic", "fsdp"))
 
 
 def settle_sequence_parallel(cfg: Any) -> None:

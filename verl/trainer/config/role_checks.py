@@ -59,6 +59,12 @@ def check_data(c: Checker) -> None:
 
 
 def check_model(c: Checker, prefix: str) -> None:
+    from .lora_section import lora_section_conflicts
+
+    for section_key, flat_key in lora_section_conflicts(c.cfg):
+        if section_key.startswith(prefix + "."):
+            c.fail(section_key, f"is {c.get(section_key)!r} but `{flat_key}` is {c.get(flat_key)!r}: they are one "
+                                "setting (upstream's new and old spelling); set one of them.")
     rank = c.integer(f"{prefix}.lora_rank", minimum=0)
     if rank:
         c.number(f"{prefix}.lora_alpha", low=0, low_open=True)
@@ -121,6 +127,16 @@ def sequence_parallel_size(c: Checker, section: str, packing_key: str, packing_n
     return sp
 
 
+def check_fsdp_precision(c: Checker, section: str) -> None:
+    """``<section>.mixed_precision.{param,reduce,buffer}_dtype`` of an FSDP engine section: null or a dtype name."""
+    from verl.workers.engine.fsdp.model_init import DTYPES
+
+    for name in ("param_dtype", "reduce_dtype", "buffer_dtype"):
+        key = f"{section}.mixed_precision.{name}"
+        if c.get(key) not in (None, UNSET):
+            c.choice(key, sorted(DTYPES))
+
+
 def check_actor(c: Checker, world: Optional[int]) -> None:
     a = "actor_rollout_ref.actor"
     strategy = train_strategy(c, f"{a}.strategy")
@@ -143,6 +159,7 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
     if strategy == "fsdp2":
         sequence_parallel_size(c, a, f"{a}.use_remove_padding", "actor_rollout_ref.model.use_remove_padding",
                                "fsdp_config")
+        check_fsdp_precision(c, f"{a}.fsdp_config")
 
     if c.flag(f"{a}.use_dynamic_bsz"):
         c.integer(f"{a}.ppo_max_token_len_per_gpu", minimum=1)
@@ -265,11 +282,24 @@ def check_rollout(c: Checker, world: Optional[int]) -> None:
                "but actor_rollout_ref.rollout.n=1: every advantage will be zero. Set rollout.n > 1.")
 
 
-def check_ref(c: Checker) -> None:
+def check_ref(c: Checker, world: Optional[int] = None) -> None:
     if not need_reference_policy(c.cfg):
         return
     f = "actor_rollout_ref.ref"
-    train_strategy(c, f"{f}.strategy")
+    if train_strategy(c, f"{f}.strategy") == "fsdp2":
+        check_fsdp_precision(c, f"{f}.fsdp_config")
+        # The reference may run its own Ulysses size (its worker regroups the actor-layout data for it), except
+        # under LoRA, where it is the actor's module with the adapters off and so keeps the actor's layout.
+        sp = sequence_parallel_size(c, f, "actor_rollout_ref.model.use_remove_padding",
+                                    "actor_rollout_ref.model.use_remove_padding", "fsdp_config")
+        actor_sp = c.get("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1)
+        if isinstance(sp, int) and sp > 1 and world and world % sp:
+            c.fail(f"{f}.ulysses_sequence_parallel_size", f"({sp}) must divide the world size ({world}).")
+        lora = (c.get("actor_rollout_ref.model.lora_rank", 0) or 0) > 0 or c.get("actor_rollout_ref.model.lora_adapter_path")
+        if lora and isinstance(sp, int) and sp != actor_sp:
+            c.fail(f"{f}.ulysses_sequence_parallel_size", f"is {sp} but the actor's is {actor_sp}: with LoRA the "
+                                                          "reference is the actor's own model (adapters off) and "
+                                                          "runs in its layout; leave it at the actor's.")
     c.micro_batch_pair(f, "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz")
 
 
@@ -289,6 +319,7 @@ def check_critic(c: Checker, world: Optional[int]) -> None:
     check_model(c, f"{k}.model")
     check_checkpoint(c, f"{k}.checkpoint")
     if strategy == "fsdp2":
+        check_fsdp_precision(c, f"{k}.fsdp")
         sp = sequence_parallel_size(c, k, f"{k}.model.use_remove_padding", "critic.model.use_remove_padding", "fsdp")
         if world is not None and isinstance(sp, int) and sp > 0 and world % sp:
             c.fail(f"{k}.ulysses_sequence_parallel_size", f"({sp}) must divide the world size ({world}).")

@@ -49,7 +49,7 @@ def validate_config(cfg: DictConfig) -> None:
     role_checks.check_model(c, "actor_rollout_ref.model")
     algo_checks.check_algorithm(c)
     role_checks.check_actor(c, world)
-    role_checks.check_ref(c)
+    role_checks.check_ref(c, world)
     role_checks.check_rollout(c, world)
     role_checks.check_critic(c, world)
     algo_checks.check_megatron(c)

@@ -31,6 +31,9 @@ def sampling_params_from_config(rollout_cfg, meta_info: dict, eos_ids: list[int]
         max_tokens=int(meta_info.get("response_length", rollout_cfg.response_length)),
         stop_token_ids=stop,
         seed=meta_info.get("seed"),
+        # rollout.calculate_log_probs=false: the engine skips the sampled tokens' log-probs and the batch has no
+        # rollout_log_probs (rollout correction and the rollout/trainer gap metrics need them).
+        logprobs=bool(rollout_cfg.get("calculate_log_probs", True)),
     )
 
 
@@ -53,8 +56,10 @@ def requests_from_batch(prompts: DataProto) -> list[GenerationRequest]:
     return reqs
 
 
-def outputs_to_batch(prompts: DataProto, outputs, response_length: int, pad_token_id: int) -> DataProto:
-    """Right-pad responses, build full input_ids / attention_mask / position_ids and rollout log-probs."""
+def outputs_to_batch(prompts: DataProto, outputs, response_length: int, pad_token_id: int,
+                     with_logprobs: bool = True) -> DataProto:
+    """Right-pad responses, build full input_ids / attention_mask / position_ids and (``with_logprobs``) the
+    rollout log-probs."""
     prompt_ids = prompts.batch["input_ids"]
     prompt_mask = prompts.batch["attention_mask"]
     prompt_pos = prompts.batch["position_ids"]
@@ -86,8 +91,9 @@ def outputs_to_batch(prompts: DataProto, outputs, response_length: int, pad_toke
         "input_ids": torch.cat([prompt_ids, responses], dim=-1),
         "attention_mask": torch.cat([prompt_mask, response_mask], dim=-1),
         "position_ids": torch.cat([prompt_pos, response_pos], dim=-1),
-        "rollout_log_probs": rollout_lp,
     }
+    if with_logprobs:
+        batch["rollout_log_probs"] = rollout_lp
     return DataProto.from_dict(tensors=batch, non_tensors={"finish_reasons": np.array(finish, dtype=object)},
                                meta_info=dict(prompts.meta_info))
 
@@ -96,4 +102,4 @@ def generate_sequences(engine: BaseRollout, prompts: DataProto, rollout_cfg, eos
                        pad_token_id: int) -> DataProto:
     params = sampling_params_from_config(rollout_cfg, prompts.meta_info, eos_ids)
     outputs = engine.generate(requests_from_batch(prompts), params)
-    return outputs_to_batch(prompts, outputs, params.max_tokens, pad_token_id)
+    return outputs_to_batch(prompts, outputs, params.max_tokens, pad_token_id, with_logprobs=params.logprobs)

@@ -360,10 +360,12 @@ class FSDPEngine(BaseEngine):
 
     def get_rollout_weights(self, bucket_megabytes: float = 512, layered: bool = False):
         if self.is_lora:
-            from verl.workers.lora import rollout_sync
+            from verl.workers.lora import lora_merge, rollout_sync
 
-            # adapter tensors, or merged weights where the engine cannot take the adapter (logged)
-            return rollout_sync(self._module, bucket_megabytes=bucket_megabytes, layered=layered)
+            # adapter tensors, or merged weights under model.lora.merge or where the engine cannot take the
+            # adapter (logged)
+            return rollout_sync(self._module, bucket_megabytes=bucket_megabytes, layered=layered,
+                                merge=lora_merge(self.model_config))
         return self.get_per_tensor_param(bucket_megabytes, layered), {}
 
     # ------------------------------------------------------------------------------------ checkpoints

@@ -18,7 +18,7 @@ from verl.workers.engine.external_lib import import_external_lib
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
            "fp32": torch.float32, "float32": torch.float32}
 
 
@@ -37,9 +37,9 @@ def torch_dtype(name: Any, default: torch.dtype, key: str = "dtype") -> torch.dt
         return default
     if isinstance(name, torch.dtype):
         return name
-    if str(name) not in _DTYPES:
-        raise ValueError(f"{key}={name!r} is not a dtype; use one of {sorted(_DTYPES)}")
-    return _DTYPES[str(name)]
+    if str(name) not in DTYPES:
+        raise ValueError(f"{key}={name!r} is not a dtype; use one of {sorted(DTYPES)}")
+    return DTYPES[str(name)]
 
 
 def apply_liger(model: torch.nn.Module) -> None:
@@ -65,6 +65,35 @@ def uses_cpu_offload_policy(fsdp_cfg) -> bool:
         return fsdp_cfg.get(key) if hasattr(fsdp_cfg, "get") else getattr(fsdp_cfg, key, None)
 
     return bool(setting("param_offload")) or bool(setting("offload_policy"))
+
+
+def _mixed_precision_dtype(fsdp_cfg, name: str, default: Optional[torch.dtype]) -> Optional[torch.dtype]:
+    section = (fsdp_cfg.get("mixed_precision") if fsdp_cfg is not None else None) or {}
+    return torch_dtype(section.get(name), default, f"fsdp_config.mixed_precision.{name}")
+
+
+def precision_policy(fsdp_cfg, model_dtype: torch.dtype) -> Optional[MixedPrecisionPolicy]:
+    """FSDP2's mixed-precision policy (upstream's ``fsdp_config.mixed_precision``): parameters are gathered and
+    computed in ``param_dtype`` (null: ``fsdp_config.dtype``, bf16 by default) and gradients reduced in
+    ``reduce_dtype`` (null: fp32, as upstream), over master weights in ``model_dtype``. None when both equal
+    ``model_dtype`` (nothing to cast)."""
+    param = _mixed_precision_dtype(fsdp_cfg, "param_dtype", None)
+    if param is None:
+        param = torch_dtype(fsdp_cfg.get("dtype"), torch.bfloat16, "fsdp_config.dtype")
+    reduce = _mixed_precision_dtype(fsdp_cfg, "reduce_dtype", torch.float32)
+    if param == model_dtype and reduce == model_dtype:
+        return None
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce, cast_forward_inputs=True)
+
+
+def cast_buffers(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """``fsdp_config.mixed_precision.buffer_dtype``: floating-point buffers (e.g. RoPE's inverse frequencies) held
+    in ``dtype``, which is what FSDP1's MixedPrecision does with it. FSDP2's policy has no buffer dtype (upstream's
+    FSDP2 path drops the key), so the buffers are cast once here, before sharding; null leaves them as loaded."""
+    for module in model.modules():
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None and buf.is_floating_point() and buf.dtype != dtype:
+                setattr(module, name, buf.to(dtype))
 
 
 def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enable_gc: bool = False,
@@ -124,13 +153,11 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
     world = dist.get_world_size() if dist.is_initialized() else 1
     mesh = create_device_mesh(world, int(fsdp_cfg.get("fsdp_size", -1) or -1), "cpu" if on_cpu else device)
     mp = None
-    if not on_cpu:
-        # compute dtype: fsdp_config.dtype (upstream's engine key), or the older mixed_precision.param_dtype
-        legacy = (fsdp_cfg.get("mixed_precision") or {}).get("param_dtype")
-        param_dtype = torch_dtype(legacy if legacy is not None else fsdp_cfg.get("dtype"), torch.bfloat16,
-                                  "fsdp_config.dtype")
-        if param_dtype != dtype:
-            mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
+    buffer_dtype = _mixed_precision_dtype(fsdp_cfg, "buffer_dtype", None)
+    if buffer_dtype is not None:
+        cast_buffers(model, buffer_dtype)
+    if not on_cpu:  # the CPU build computes in the weights' dtype (no autocast, no cast policy)
+        mp = precision_policy(fsdp_cfg, dtype)
         model = model.to(device)
     apply_fsdp2(model, mesh, mp, param_offload=uses_cpu_offload_policy(fsdp_cfg) and not on_cpu,
                 reshard_after_forward=bool(fsdp_cfg.get("reshard_after_forward", True)),

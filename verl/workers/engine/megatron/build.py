@@ -86,11 +86,7 @@ def build_model_chunks(tfconfig, hf_config, init_fn: Callable, s: MegatronSettin
 def build_ddp(chunks: list, tfconfig, s: MegatronSettings) -> list:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    fields = set(DistributedDataParallelConfig.__dataclass_fields__)
-    unknown = sorted(set(s.override_ddp_config) - fields)
-    if unknown:
-        raise ValueError(f"actor_rollout_ref.actor.megatron.override_ddp_config has keys {unknown} that "
-                         "megatron-core's DistributedDataParallelConfig does not know")
+    # Unknown override_ddp_config fields were refused by name in read_settings (config_fields).
     kw = dict(grad_reduce_in_fp32=True, overlap_grad_reduce=False, overlap_param_gather=False,
               use_distributed_optimizer=s.use_distributed_optimizer)
     kw.update(s.override_ddp_config)

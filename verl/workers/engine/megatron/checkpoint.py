@@ -11,7 +11,8 @@ Two layouts under the role's directory (``global_step_N/actor/``):
   ``dist_ckpt/`` (reshardable by megatron-core), extras as above.
 
 ``huggingface/`` gets the config and tokenizer on every save and, with ``hf_model`` in
-``checkpoint.save_contents``, full HF safetensors gathered from the shards.
+``checkpoint.save_contents``, full HF safetensors gathered from the shards, checked against the source
+checkpoint under ``checkpoint.strict`` (:mod:`verl.utils.checkpoint.hf_export`).
 """
 
 from __future__ import annotations
@@ -231,9 +232,25 @@ def save_hf_checkpoint(engine: "MegatronEngine", out_dir: str, weights: bool = T
     if weights:
         from safetensors.torch import save_file
 
+        full = _checked_export(engine, full)
         tmp = os.path.join(out_dir, "model.safetensors.tmp")
         save_file(full, tmp, metadata={"format": "pt"})
         os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
+
+
+def _checked_export(engine: "MegatronEngine", full: dict) -> dict:
+    """``<role>.checkpoint.strict`` (upstream's default true): the export must hold exactly the tensors of the
+    source checkpoint (``model.path``); false writes the ones the source has and skips the rest. A tied LM head
+    is left out first, as Hugging Face's own save does (the source never stores it)."""
+    from verl.models.mcore.config_converter import tie_word_embeddings
+    from verl.utils.checkpoint.hf_export import reconcile_export, source_tensor_names
+
+    if tie_word_embeddings(engine.hf_config):
+        full = {k: v for k, v in full.items() if not k.endswith("lm_head.weight")}
+    cfg = engine.checkpoint_config
+    strict = cfg.get("strict", True) if hasattr(cfg, "get") else True
+    return reconcile_export(full, source_tensor_names(engine.model_path), bool(strict),
+                            f"{engine.role_spec.section}.checkpoint.strict")
 
 
 def _copy_tokenizer_files(engine: "MegatronEngine", out_dir: str) -> None:

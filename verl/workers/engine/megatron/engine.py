@@ -106,12 +106,6 @@ class MegatronEngine(BaseEngine):
                                overrides["attention_backend"])
 
             overrides["attention_backend"] = AttnBackend[overrides["attention_backend"]]
-        from megatron.core.transformer import TransformerConfig
-
-        unknown = sorted(set(overrides) - set(TransformerConfig.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"{self._prefix}.override_transformer_config has keys {unknown} that megatron-core's "
-                             "TransformerConfig does not have")
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[s.dtype]
         self.tfconfig = registry.hf_to_mcore_config(
             self.hf_config, dtype, tensor_model_parallel_size=s.tp, pipeline_model_parallel_size=s.pp,

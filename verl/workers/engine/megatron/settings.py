@@ -111,10 +111,14 @@ def settings_problems(section: Mapping, prefix: str = "actor_rollout_ref.actor.m
     if dtype not in _DTYPES:
         problems.append(f"{prefix}.dtype={dtype!r} is not supported; use bfloat16 or float32 "
                         "(float16 would need a loss scaler this engine does not build).")
-    for key in ("override_transformer_config", "override_ddp_config"):
+    from .config_fields import DDP_CONFIG, TRANSFORMER_CONFIG, unknown_fields
+
+    for key, kind in (("override_transformer_config", TRANSFORMER_CONFIG), ("override_ddp_config", DDP_CONFIG)):
         value = _get(section, key, {})
-        if not isinstance(value, dict):
+        if value is not None and not isinstance(value, dict):
             problems.append(f"{prefix}.{key} must be a mapping (got {type(value).__name__}).")
+        elif value:  # free-form as upstream: any field of megatron-core's dataclass, a misspelt one by name
+            problems.extend(unknown_fields(value, kind, f"{prefix}.{key}"))
     ddp = _get(section, "override_ddp_config", {}) or {}
     if isinstance(ddp, dict):
         for key in ("use_megatron_fsdp", "use_custom_fsdp"):

@@ -94,6 +94,11 @@ def megatron_problems(cfg: DictConfig) -> list[str]:
                         f"{_select(cfg, f'{actor}.strategy')!r}: the reference policy shares the actor's worker and "
                         "parallel layout; use the same strategy for both "
                         "(--config-name ppo_megatron_trainer sets both).")
+    elif (_select(cfg, f"{ref}.strategy") == "megatron" and (_select(cfg, "algorithm.use_kl_in_reward", False)
+                                                             or _select(cfg, f"{actor}.use_kl_loss", False))):
+        # The reference engine reads its own section (its override_transformer_config follows the actor's unless
+        # set, e.g. `+actor_rollout_ref.ref.megatron.override_transformer_config.<field>=...`).
+        problems += settings_problems(_select(cfg, f"{ref}.megatron") or {}, f"{ref}.megatron")
     critic_used = _select(cfg, "critic.enable")
     if critic_used is None:
         critic_used = _select(cfg, "algorithm.adv_estimator") == "gae"

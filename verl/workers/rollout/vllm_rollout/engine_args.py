@@ -80,7 +80,9 @@ def check_parallel_sizes(config: Any, on_gpu: bool) -> dict:
         raise ValueError(f"{r}.pipeline_model_parallel_size={pp}: pipeline parallel vLLM rollout is not "
                          "implemented (as upstream); set it to 1")
     if not on_gpu:
-        for key, v in (("tensor_model_parallel_size", tp), ("data_parallel_size", dp), ("expert_parallel_size", ep)):
+        moe = _get(config, "moe_tensor_parallel_size", 1) or 1
+        for key, v in (("tensor_model_parallel_size", tp), ("data_parallel_size", dp), ("expert_parallel_size", ep),
+                       ("moe_tensor_parallel_size", moe)):
             if v != 1:
                 raise ValueError(f"{r}.{key}={v} needs GPUs/NPUs; the CPU vLLM engine runs in one process (set 1)")
         return {}
@@ -92,7 +94,26 @@ def check_parallel_sizes(config: Any, on_gpu: bool) -> dict:
         out["data_parallel_size"] = dp
     if ep > 1:
         out["enable_expert_parallel"] = True
+    moe_tp = _get(config, "moe_tensor_parallel_size", 1)
+    if moe_tp not in (None, 1):
+        # Upstream accepts it for TRT-LLM only; vLLM gets it where its EngineArgs has the field.
+        if "moe_tensor_parallel_size" not in vllm_engine_arg_names():
+            raise ValueError(f"{r}.moe_tensor_parallel_size={moe_tp}: the installed vLLM has no "
+                             "moe_tensor_parallel_size engine argument (its MoE layers shard with "
+                             "tensor_model_parallel_size, or with expert_parallel_size); set it to 1")
+        out["moe_tensor_parallel_size"] = int(moe_tp)
     return out
+
+
+def vllm_engine_arg_names() -> frozenset[str]:
+    """The fields of the installed vLLM's ``EngineArgs`` (empty when vLLM is not importable)."""
+    try:
+        import dataclasses
+
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:
+        return frozenset()
+    return frozenset(f.name for f in dataclasses.fields(EngineArgs))
 
 
 def build_llm_kwargs(
@@ -161,7 +182,9 @@ def build_llm_kwargs(
                              "process group (launch through main_ppo or torchrun); a single process runs tp=1")
     if is_vl:
         kw["language_model_only"] = True  # text rollouts: the vision tower is neither built nor synced
-    lora_rank = int(_get(model_config, "lora_rank", 0) or 0)
+    from verl.workers.lora import rollout_lora_rank
+
+    lora_rank = rollout_lora_rank(model_config)  # 0 under model.lora.merge: merged full weights arrive
     if lora_rank > 0:
         kw.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
         # With an adapter sync only the adapter travels; the frozen base must come from the checkpoint.

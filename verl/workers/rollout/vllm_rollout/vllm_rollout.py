@@ -146,7 +146,9 @@ class vLLMRollout(BaseRollout):
         trust = bool(model_config.get("trust_remote_code", False))
         self.hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
         is_vl = hasattr(self.hf_config, "vision_config")
-        self.lora_rank = int(model_config.get("lora_rank", 0) or 0)
+        from verl.workers.lora import rollout_lora_rank
+
+        self.lora_rank = rollout_lora_rank(model_config)
         kwargs = build_llm_kwargs(config, model_config, on_gpu=self.device is not None, is_vl=is_vl,
                                   standalone=standalone, model_path=path,
                                   in_process_group=_launched_rank())
