@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -206,20 +205,11 @@ def megatron_overrides(args, model_dir, data, ckpt, steps, resume) -> list[str]:
 
 
 def _run(overrides: list[str], log: Path, cwd: Path, timeout: int) -> tuple[int, float, list[dict]]:
-    if log.exists():
-        log.unlink()
-    env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(log), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    env["PYTHONPATH"] = os.pathsep.join(x for x in (env.get("PYTHONPATH", ""), str(REPO)) if x)
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
-    print("[scale] " + " ".join(cmd), flush=True)
+    from gpu_multi import _run_main_ppo  # the same launch (file logger, PYTHONPATH, timeout) as the 2-GPU checks
+
     t0 = time.time()
-    try:
-        rc = subprocess.call(cmd, cwd=str(cwd), env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        rc = 124
-    wall = time.time() - t0
-    print(f"[scale] exit {rc} after {wall:.1f}s", flush=True)
-    return rc, wall, _steps_of(log)
+    rc, steps = _run_main_ppo(overrides, log, cwd, timeout)
+    return rc, time.time() - t0, steps
 
 
 def _assets(args, shape: str) -> tuple[Path, Path, dict]:
