@@ -113,6 +113,8 @@ def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
                         "is built on the FSDP engine only (Megatron's router trains without it); use `engine=fsdp`")
     if t.resume_mode not in ("auto", "disable", "resume_path"):
         problems.append(f"`trainer.resume_mode={t.resume_mode!r}`; use auto, disable or resume_path")
+    if t.get("on_nonfinite", "skip") not in ("skip", "error"):
+        problems.append(f"`trainer.on_nonfinite={t.get('on_nonfinite')!r}`; use skip or error")
     for key in ("save_freq", "test_freq"):
         value = t.get(key)
         if value != "after_each_epoch" and (isinstance(value, bool) or not isinstance(value, int)):
