@@ -134,6 +134,9 @@ def death_reason(err: BaseException) -> str:
         if i >= 0:
             text = text[i:]
             break
+    cut = text.find(" Some common causes")  # Ray's generic list of causes; the exit detail before it is the news
+    if cut > 0:
+        text = text[:cut]
     return (text[:400] + " ...") if len(text) > 400 else (text or type(err).__name__)
 
 

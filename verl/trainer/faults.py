@@ -68,7 +68,7 @@ def _values(per_rank: list[dict], key: str) -> list:
 
 
 def nonfinite_update_check(role: str, per_rank: list[dict], step: int, mode: str,
-                           loss_keys: Iterable[str] = ()) -> dict:
+                           loss_keys: Iterable[str] = (), label: Optional[str] = None) -> dict:
     """Inspect one role's update metrics (``{role}/grad_norm`` per optimizer step, lists per rank).
 
     The engines never apply a step whose gradient norm is NaN/inf (upstream's behaviour: the gradients are
@@ -88,7 +88,7 @@ def nonfinite_update_check(role: str, per_rank: list[dict], step: int, mode: str
                      f"({', '.join(str(grads[i]) for i in bad[:4])})")
     for k, v in bad_loss.items():
         parts.append(f"{k} was {', '.join(str(x) for x in v if not _finite(x))}")
-    what = f"step {step}: the {role} update: " + "; ".join(parts)
+    what = f"step {step}: the {label or role} update: " + "; ".join(parts)
     if mode == "error":
         raise RunFault("Training", f"{what} (a NaN/inf loss or gradient), and trainer.on_nonfinite=error",
                        f"Nothing of step {step} was saved: the last checkpoint is as it was. Lower the learning rate, "

@@ -269,6 +269,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     paragraph, as ``main_ppo`` prints them (exit 2 for config, 1 for the rest); ``VERL_DEBUG=1`` re-raises
     them with their traceback. Anything else is a bug and keeps its traceback."""
     from verl.trainer import cli
+    from verl.trainer.faults import PREEMPTED_EXIT_CODE, Preempted
 
     argv = sys.argv[1:] if argv is None else argv
     import torch.distributed as dist
@@ -287,6 +288,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             # Every rank leaves together: a rank that tears its gloo group down while another is still in a
             # collective makes that one abort at exit ("terminate called without an active exception").
             dist.barrier()
+    except Preempted as exc:  # SIGTERM: the step finished and was saved (verl/trainer/faults.py)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(str(exc), file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT_CODE
     except Exception as exc:  # noqa: BLE001 - user errors become one paragraph, bugs keep their traceback
         code = cli.report_user_error(exc)
         if code is None:
