@@ -66,6 +66,11 @@ class FakeCluster:
                 def remote(*args):
                     return ("value", None)
 
+            class where:  # noqa: N801 - (pid, host) of the actor's process, named when it dies
+                @staticmethod
+                def remote(*args):
+                    return ("value", (1234, "node"))
+
         class ActorClass:
             def options(self, **opts):
                 cluster.actor_options.append(opts)

@@ -74,6 +74,12 @@ class ModelSpec:
     # What vLLM needs registered to run this architecture (dotted path of a function taking no arguments, called
     # by the project's vLLM plugin in every vLLM process); None: vLLM runs it as installed.
     vllm_registration: Optional[str] = None
+    # The transformers modeling file of this architecture (dotted module path), where the patched forwards and
+    # the hf decode runner find the plain helpers they reuse (``apply_rotary_pos_emb``,
+    # ``load_balancing_loss_func``, output classes). Named here because a module's runtime class may live
+    # elsewhere: FSDP2 wraps a module in a subclass created in torch's FSDP package. None: the module of the
+    # model's own (unwrapped) class (:func:`verl.models.transformers.patching.modeling_module`).
+    hf_modeling: Optional[str] = None
 
     def resolve(self, field_name: str):
         """Import a dotted-path field (``patches``, ``weight_sync_layout``, ``flops_fn`` ...); None stays None."""

@@ -6,7 +6,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from verl.single_controller.worker_group import ColocatedWorker, WorkerGroup
+from verl.single_controller.worker_group import ColocatedWorker, WorkerDied, WorkerGroup
 from verl.utils.net import find_free_port
 
 
@@ -63,6 +63,12 @@ class RayColocatedWorker(ColocatedWorker):
         point_gloo_at_node_address(os.environ)
         super().__init__(role_specs)
 
+    def where(self) -> tuple[int, str]:
+        """(pid, host name) of this worker process."""
+        import os
+
+        return os.getpid(), socket.gethostname()
+
 
 @dataclass
 class RayResourcePool:
@@ -79,15 +85,80 @@ class RayResourcePool:
 
 
 class RayWorkerGroup(WorkerGroup):
-    def __init__(self, actors: list, role: str, worker_cls: type, dp_size: int | None = None):
+    def __init__(self, actors: list, role: str, worker_cls: type, dp_size: int | None = None,
+                 hosted_roles: tuple[str, ...] = (), pids: list | None = None):
         self._actors = actors
+        self._hosted = tuple(hosted_roles) or (role,)
+        self._pids = list(pids or [None] * len(actors))
         super().__init__(worker_cls, world_size=len(actors), role=role, dp_size=dp_size)
 
     def _call_ranks(self, method, per_rank, ranks):
         import ray
 
         refs = [self._actors[r].execute.remote(self._role, method, a, kw) for r, (a, kw) in zip(ranks, per_rank)]
-        return ray.get(refs)
+        return wait_all(refs, ranks, lambda rank, err: self._died(method, rank, err))
+
+    def _died(self, method: str, rank: int, err: BaseException) -> WorkerDied:
+        pid = self._pids[rank] if rank < len(self._pids) else None
+        host = f"rank {rank}" + (f" (pid {pid[0]} on {pid[1]})" if pid else "")
+        roles = ", ".join(self._hosted)
+        return WorkerDied(
+            f"the worker process of {host}, hosting {roles}, died while running {self._role}.{method}: "
+            f"{death_reason(err)}",
+            "Nothing of the current step was saved. Look at that worker's log above (an out-of-memory kill, a "
+            "crash in a kernel, the node going away); fix the cause or lower the memory use "
+            "(micro-batch sizes, rollout.gpu_memory_utilization, offloading), then start the same command again: "
+            "trainer.resume_mode=auto resumes from the latest complete checkpoint.")
+
+
+_DEATH_ERRORS: tuple = ()
+
+
+def _death_errors() -> tuple:
+    """Ray's exceptions for a worker process that is gone (actor death, a crashed worker, an OOM kill)."""
+    global _DEATH_ERRORS
+    if not _DEATH_ERRORS:
+        import ray.exceptions as rex
+
+        names = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError",
+                 "OutOfMemoryError", "NodeDiedError")
+        _DEATH_ERRORS = tuple(getattr(rex, n) for n in names if hasattr(rex, n))
+    return _DEATH_ERRORS
+
+
+def death_reason(err: BaseException) -> str:
+    """The first sentences of Ray's explanation (it names SIGKILL / OOM / exit codes where it knows them)."""
+    text = " ".join(str(err).split())
+    for marker in ("The actor died", "The actor is dead", "Worker exit", "The worker died", "Task was killed"):
+        i = text.find(marker)
+        if i >= 0:
+            text = text[i:]
+            break
+    cut = text.find(" Some common causes")  # Ray's generic list of causes; the exit detail before it is the news
+    if cut > 0:
+        text = text[:cut]
+    return (text[:400] + " ...") if len(text) > 400 else (text or type(err).__name__)
+
+
+def wait_all(refs: list, ranks: list[int], on_death) -> list:
+    """``ray.get(refs)``, except that the first rank to fail is reported as soon as it fails: a process that died
+    raises ``on_death(rank, error)``, a worker's exception is raised as it is. A plain ``ray.get`` waits for the
+    refs in order, so it would first wait on a live rank blocked in a collective with the failed one (gloo/NCCL
+    timeouts: many minutes) before reporting anything."""
+    import ray
+
+    rank_of = {ref: rank for ref, rank in zip(refs, ranks)}
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except _death_errors() as err:
+                raise on_death(rank_of[ref], err) from err
+            # A worker's own exception propagates from ray.get right away too (other ranks may wait on it in a
+            # collective as well).
+    return ray.get(refs)
 
 
 def create_ray_worker_groups(pool: RayResourcePool, role_specs: dict[str, tuple[type, tuple, dict]],
@@ -122,7 +193,10 @@ def create_ray_worker_groups(pool: RayResourcePool, role_specs: dict[str, tuple[
             else:
                 opts["resources"] = {pool.device_resource: 1}
         actors.append(actor_cls.options(**opts).remote(role_specs))
-    # Surface constructor failures (bad model path, OOM) here rather than on the first call.
+    # Surface constructor failures (bad model path, OOM) here rather than on the first call; learn each rank's
+    # process, so that a rank that dies later is named with it.
     ray.get([a.execute.remote(next(iter(role_specs)), "ping", (), {}) for a in actors])
+    pids = ray.get([a.where.remote() for a in actors])
     dp_sizes = dp_sizes or {}
-    return {role: RayWorkerGroup(actors, role, spec[0], dp_size=dp_sizes.get(role)) for role, spec in role_specs.items()}
+    return {role: RayWorkerGroup(actors, role, spec[0], dp_size=dp_sizes.get(role), hosted_roles=tuple(role_specs),
+                                 pids=pids) for role, spec in role_specs.items()}

@@ -11,6 +11,19 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from verl.single_controller.decorator import Dispatch, Execute, registered_methods
+from verl.utils.user_errors import UserFacingError
+
+
+class WorkerDied(UserFacingError):
+    """A worker process ended (killed, OOM, crashed) while the controller waited on it. Raised as soon as the
+    first rank's death is known, without waiting for the other ranks (which may be stuck in a collective with the
+    dead one): one paragraph naming the roles and rank, exit code 1."""
+
+    def __init__(self, message: str, hint: str = "", kind: str = "Worker"):
+        super().__init__(kind, message, hint)
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.hint, self.kind))
 
 
 def _split_proto(data, world_size: int):

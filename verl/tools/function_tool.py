@@ -24,6 +24,7 @@ It may return a string, a dict (sent as JSON), a :class:`ToolResponse`, or ``(re
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import importlib.util
 import inspect
@@ -31,6 +32,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from typing import Any, Callable, Optional, Union
 
 from verl.tools.base_tool import BaseTool
@@ -61,13 +63,33 @@ class FunctionTool(BaseTool):
         self.is_async = inspect.iscoroutinefunction(fn)
 
     async def call(self, parameters: dict[str, Any]) -> Any:
-        """Run the function with the model's arguments (sync functions in a thread: the event loop stays free)."""
+        """Run the function with the model's arguments (sync functions in a thread of their own: the event loop
+        stays free, and the tool's timeout can cut off a call that blocks)."""
         if self.is_async:
             return await self.fn(**parameters)
-        return await asyncio.to_thread(self.fn, **parameters)
+        return await asyncio.wrap_future(run_in_daemon_thread(self.fn, parameters))
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
         return normalize_function_tool_return(await self.call(parameters))
+
+
+def run_in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any]) -> concurrent.futures.Future:
+    """``fn(**kwargs)`` in a new daemon thread. Not the event loop's default executor: ``asyncio.run`` joins that
+    one's threads when the rollout's loop closes, so a call that never returns (a hung request, an endless loop)
+    would hold the whole batch after its timeout had already given the model an error. A daemon thread is left
+    behind instead (it ends with the call, or with the process)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def target():
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(**kwargs))
+        except BaseException as err:  # noqa: BLE001 - handed to the awaiting coroutine
+            future.set_exception(err)
+
+    threading.Thread(target=target, name=f"verl-tool-{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    return future
 
 
 def _schema_from_function(fn: Callable, name: str) -> OpenAIFunctionToolSchema:

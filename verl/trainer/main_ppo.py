@@ -215,10 +215,13 @@ def plot_reward_curve(history: list[dict], cfg: DictConfig, run_dir: str) -> str
 def main(argv: list[str] | None = None) -> int:
     """Parse, compose, validate, then train (or print the config for ``--cfg job``); returns the exit code.
 
-    Errors the user fixes are printed as one paragraph (exit 2 for config, 1 for data / reward / model);
-    ``VERL_DEBUG=1`` re-raises them with their traceback.
+    Errors the user fixes are printed as one paragraph (exit 2 for config, 1 for data / reward / model and for
+    the run's faults: a non-finite update with trainer.on_nonfinite=error, a checkpoint that cannot be written or
+    read, a worker that died); ``VERL_DEBUG=1`` re-raises them with their traceback. SIGTERM saves the step and
+    exits 143 (:data:`verl.trainer.faults.PREEMPTED_EXIT_CODE`).
     """
     from verl.trainer import cli
+    from verl.trainer.faults import PREEMPTED_EXIT_CODE, Preempted
 
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -234,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             cli.print_config(cfg, args)
             return 0
         run_ppo(_load(args, check_host=True))
+    except Preempted as exc:  # SIGTERM: the step finished and was saved (verl/trainer/faults.py)
+        print(str(exc), file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT_CODE
     except Exception as exc:  # noqa: BLE001 - user errors become one paragraph, bugs keep their traceback
         code = cli.report_user_error(exc)
         if code is None:

@@ -118,6 +118,8 @@ def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
                         "is built on the FSDP engine only (Megatron's router trains without it); use `engine=fsdp`")
     if t.resume_mode not in ("auto", "disable", "resume_path"):
         problems.append(f"`trainer.resume_mode={t.resume_mode!r}`; use auto, disable or resume_path")
+    if t.get("on_nonfinite", "skip") not in ("skip", "error"):
+        problems.append(f"`trainer.on_nonfinite={t.get('on_nonfinite')!r}`; use skip or error")
     for key in ("save_freq", "test_freq"):
         value = t.get(key)
         if value != "after_each_epoch" and (isinstance(value, bool) or not isinstance(value, int)):
@@ -272,6 +274,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     paragraph, as ``main_ppo`` prints them (exit 2 for config, 1 for the rest); ``VERL_DEBUG=1`` re-raises
     them with their traceback. Anything else is a bug and keeps its traceback."""
     from verl.trainer import cli
+    from verl.trainer.faults import PREEMPTED_EXIT_CODE, Preempted
 
     argv = sys.argv[1:] if argv is None else argv
     import torch.distributed as dist
@@ -290,6 +293,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             # Every rank leaves together: a rank that tears its gloo group down while another is still in a
             # collective makes that one abort at exit ("terminate called without an active exception").
             dist.barrier()
+    except Preempted as exc:  # SIGTERM: the step finished and was saved (verl/trainer/faults.py)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(str(exc), file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT_CODE
     except Exception as exc:  # noqa: BLE001 - user errors become one paragraph, bugs keep their traceback
         code = cli.report_user_error(exc)
         if code is None:

@@ -116,18 +116,42 @@ def full_state_dict(module: torch.nn.Module, rank0_only: bool = True) -> dict[st
     return out
 
 
+def _reshard_settings(m: FSDPModule):
+    """What ``set_reshard_after_forward`` changes on one FSDP module (to put back afterwards): the configured
+    ``reshard_after_forward`` (False keeps parameters gathered into backward) and the root's automatic choice.
+    None where this torch keeps them elsewhere (the module then gets reshard_after_forward=True back)."""
+    try:
+        state = m._get_fsdp_state()
+        return state._auto_reshard_after_forward, [g.post_forward_mesh_info for g in state._fsdp_param_groups]
+    except AttributeError:  # pragma: no cover - another torch layout
+        return None
+
+
+def _restore_reshard_settings(m: FSDPModule, saved) -> None:
+    if saved is None:  # pragma: no cover
+        m.set_reshard_after_forward(True, recurse=False)
+        return
+    state = m._get_fsdp_state()
+    state._auto_reshard_after_forward = saved[0]
+    for group, info in zip(state._fsdp_param_groups, saved[1]):
+        group.post_forward_mesh_info = info
+
+
 @contextlib.contextmanager
 def gathered_for_inference(module: torch.nn.Module):
-    """Keep parameters unsharded across many forwards (generation), resharding once at the end."""
+    """Keep parameters unsharded across many forwards (generation), resharding once at the end; each module's
+    ``reshard_after_forward`` (``fsdp_config.reshard_after_forward``, the root's automatic choice) is the one
+    it had before."""
     fsdp_mods = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    saved = [_reshard_settings(m) for m in fsdp_mods]
     for m in fsdp_mods:
         m.set_reshard_after_forward(False, recurse=False)
     try:
         yield
     finally:
-        for m in fsdp_mods:
+        for m, settings in zip(fsdp_mods, saved):
             m.reshard()
-            m.set_reshard_after_forward(True, recurse=False)
+            _restore_reshard_settings(m, settings)
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device) -> None:

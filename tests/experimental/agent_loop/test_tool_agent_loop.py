@@ -153,6 +153,32 @@ def test_tool_errors_are_returned_to_model(tok):
     assert out.num_turns == 1 + 4 + 3
 
 
+def test_a_blocking_tool_is_cut_off_and_a_flood_truncated(tok):
+    """A plain function that blocks (a hung HTTP call, an endless loop) runs in a thread, so the tool's timeout
+    cuts it off; a tool answering with megabytes is cut to max_tool_response_length; the episode goes on."""
+    import time
+
+    from verl.tools.function_tool import FunctionTool
+
+    def hang(expression: str) -> str:
+        time.sleep(3)
+        return "never seen"
+
+    def flood(expression: str) -> str:
+        return "A" * 3_000_000 + "Z" * 3_000_000
+
+    tools = [FunctionTool(hang, schema("hang"), config={"timeout": 0.2}), FunctionTool(flood, schema("flood"))]
+    script = {"Q": [call("1", "hang"), call("1", "flood"), "done"]}
+    t0 = time.perf_counter()
+    _, _, (out,), _ = run(tok, script, ["Q"], tools=tools, max_tool_response_length=64)
+    assert time.perf_counter() - t0 < 2.5  # the 3 s call was not waited for
+    model, inserted = segments(tok, out)
+    assert "Error: tool 'hang' timed out after 0.2s" in inserted and "never seen" not in inserted
+    assert f"<tool_response>\n{'A' * 32}...(truncated)...{'Z' * 32}\n</tool_response>" in inserted
+    assert model.endswith("done<|im_end|>") and out.num_turns == 1 + 3 + 2
+    assert out.metrics["tool_call_failures"] == 1
+
+
 def test_max_parallel_calls(tok):
     script = {"Q": [call("1") + call("2") + call("3"), "done"]}
     _, _, (out,), _ = run(tok, script, ["Q"], max_parallel_calls=2)

@@ -59,10 +59,12 @@ def test_embedded_default_learns(tmp_path):
     assert "step 1 | loss " in proc.stdout and "train/grad_norm" not in proc.stdout  # the short console line
 
 
-def test_resume_is_exact(tmp_path):
-    common = ["trainer.total_training_steps=4", "trainer.test_freq=4", "data.train_max_samples=64",
-              "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4", "data.val_max_samples=8"]
-    straight = run_in_process(tmp_path / "a", [*common, "trainer.save_freq=-1", "trainer.resume_mode=disable"])
+COMMON = ["trainer.total_training_steps=4", "trainer.test_freq=4", "data.train_max_samples=64",
+          "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4", "data.val_max_samples=8"]
+
+
+def test_resume_is_exact(tmp_path, straight):
+    common = COMMON
     first = run_in_process(tmp_path / "b", [*common, "trainer.save_freq=2", "trainer.total_training_steps=2",
                                             "trainer.resume_mode=disable"])
     assert (tmp_path / "b" / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"

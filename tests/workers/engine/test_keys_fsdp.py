@@ -146,6 +146,25 @@ def test_min_num_params_chooses_the_units_by_size(gloo, model_dir, key):
     assert units(2000) > per_layer  # small blocks become units of their own
 
 
+@pytest.mark.parametrize("key", ["actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap",
+                                 "actor_rollout_ref.ref.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap",
+                                 "critic.fsdp.wrap_policy.transformer_layer_cls_to_wrap",
+                                 "engine.wrap_policy.transformer_layer_cls_to_wrap"])
+def test_transformer_layer_cls_to_wrap_chooses_the_units_by_class(gloo, model_dir, key):
+    """The classes named get their own unit (and nothing else below the root); settable with or without `+`
+    (the key is null by default, as upstream's scripts add it with `+`)."""
+    def wrapped(value, plus=""):
+        from verl.models.transformers.patching import base_class
+
+        engine = build(model_dir, key, None, *([f"{plus}{key}={value}"] if value else []))
+        return sorted({base_class(m).__name__ for m in engine.module.modules() if isinstance(m, FSDPModule)
+                       and m is not engine.module})
+
+    assert wrapped("[Qwen3_5Attention]") == ["Qwen3_5Attention"]
+    assert wrapped("[Qwen3_5GatedDeltaNet,Qwen3_5MLP]", plus="+") == ["Qwen3_5GatedDeltaNet", "Qwen3_5MLP"]
+    assert "Qwen3_5DecoderLayer" in wrapped(None)  # null: the decoder layers
+
+
 @pytest.mark.parametrize("key", ["actor_rollout_ref.actor.fsdp_config.fsdp_size",
                                  "actor_rollout_ref.ref.fsdp_config.fsdp_size", "critic.fsdp.fsdp_size",
                                  "engine.fsdp_size"])

@@ -13,14 +13,13 @@ decoding (``generate``) runs the stock forwards.
 
 from __future__ import annotations
 
-import importlib
 from typing import Optional
 
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from verl.models.transformers.packed_attention import PackedSeqInfo, cu_seqlens_from_starts, varlen_causal_attention
-from verl.models.transformers.patching import modeling_module_name
+from verl.models.transformers.patching import modeling_module
 
 
 def _wants_cache(past_key_values, use_cache) -> bool:
@@ -82,7 +81,7 @@ def attention_forward(self, hidden_states, position_embeddings, attention_mask=N
     k = self.k_norm(self.k_proj(hidden_states).view(b, t, -1, hd))
     v = self.v_proj(hidden_states).view(b, t, -1, hd)
     cos, sin = position_embeddings
-    rotary = importlib.import_module(modeling_module_name(self)).apply_rotary_pos_emb
+    rotary = modeling_module(self).apply_rotary_pos_emb
     q, k = rotary(q, k, cos, sin, unsqueeze_dim=2)  # q/k are (B, T, heads, D) here
     dropout = self.attention_dropout if self.training else 0.0
     out = varlen_causal_attention(q[0], k[0], v[0], packed.cu_seqlens, packed.max_seqlen, self.scaling, dropout)

@@ -23,6 +23,7 @@ QWEN3_SPEC = register_model_spec(
         native_packing=True,  # the patched forward finds sequence boundaries itself: no flash-attn needed
         lora_all_linear=QWEN3_ALL_LINEAR,
         flops_fn="verl.utils.flops_counter.dense_decoder_forward_flops",  # GQA attention + SwiGLU MLP
+        hf_modeling="transformers.models.qwen3.modeling_qwen3",
     )
 )
 register_model_types(("qwen3",), "qwen3", "Qwen3ForCausalLM")

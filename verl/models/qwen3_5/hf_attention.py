@@ -12,12 +12,10 @@ from verl.models.transformers.packed_attention import varlen_causal_attention
 
 
 def _rotary_helper(module):
-    # The rotary helper is a plain function of the module's own modeling file (dense or MoE); reuse it.
-    import importlib
+    # The rotary helper is a plain function of the model's modeling file (dense or MoE, named by its spec); reuse it.
+    from verl.models.transformers.patching import modeling_module
 
-    from verl.models.transformers.patching import modeling_module_name
-
-    return importlib.import_module(modeling_module_name(module)).apply_rotary_pos_emb
+    return modeling_module(module).apply_rotary_pos_emb
 
 
 def gated_attention_forward(

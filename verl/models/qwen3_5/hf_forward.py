@@ -21,7 +21,6 @@ FSDP2 CPU offload).
 from __future__ import annotations
 
 import contextlib
-import importlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -31,7 +30,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, BaseModelOutp
 
 from verl.models.transformers.fused_forward import _sp_group_if_active, _wants_cache
 from verl.models.transformers.packed_attention import PackedSeqInfo, cu_seqlens_from_starts, current_sp_group
-from verl.models.transformers.patching import modeling_module_name
+from verl.models.transformers.patching import modeling_module
 from verl.utils import ulysses as uly
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -207,7 +206,7 @@ def text_model_forward(
             full = hidden_states.new_zeros(batch * local_len, hidden)
             hidden_states = full.index_copy(0, index, hidden_states[0])
         hidden_states = hidden_states.reshape(batch, local_len, hidden)
-    if "moe" in modeling_module_name(self):
+    if "moe" in modeling_module(self).__name__:
         routers = None if router_logits is None else tuple(router_logits)
         return MoeModelOutputWithPast(last_hidden_state=hidden_states, router_logits=routers)
     return BaseModelOutputWithPast(last_hidden_state=hidden_states)
@@ -320,7 +319,7 @@ def vl_model_forward(
     lm_inputs = {"inputs_embeds": inputs_embeds, "attention_mask": attention_mask, "position_ids": position_ids}
     routers = {"output_router_logits": True} if kwargs.get("output_router_logits") else {}
     lm_out = self.language_model(use_cache=False, cu_seqlens=cu_seqlens, **lm_inputs, **routers)
-    out_mod = importlib.import_module(modeling_module_name(self))
+    out_mod = modeling_module(self)
     moe_cls = getattr(out_mod, "Qwen3_5MoeModelOutputWithPast", None)
     if moe_cls is not None:
         return moe_cls(last_hidden_state=lm_out.last_hidden_state, router_logits=lm_out.router_logits)

@@ -17,7 +17,6 @@ DeltaNet conv and recurrent states and its attention keys/values.
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 
 from verl.models.qwen3_5 import gated_deltanet as gdn
 from verl.models.transformers.packed_attention import varlen_causal_attention
+from verl.models.transformers.patching import modeling_module
 from verl.workers.rollout.hf_engine.cache import CacheShape, SlotCache
 from verl.workers.rollout.hf_engine.runner import PrefillSeq
 
@@ -116,7 +116,9 @@ class Qwen35Runner:
         self.shape = CacheShape.from_text_config(self.cfg)
         self.is_moe = any(hasattr(layer.mlp, "experts") for layer in self.layers)
         attn = next(layer.self_attn for layer, t in zip(self.layers, self.types) if t == "full_attention")
-        self._rotary = importlib.import_module(type(attn).__module__).apply_rotary_pos_emb
+        # The rotary helper of the model's modeling file, named by its spec: the module's runtime class may be
+        # FSDP2's wrapper subclass (a wrap policy by size or class wraps the attention modules themselves).
+        self._rotary = modeling_module(attn).apply_rotary_pos_emb
         self.recurrent_backend = recurrent_backend
 
     @property

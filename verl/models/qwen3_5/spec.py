@@ -46,6 +46,7 @@ def qwen3_5_spec(arch: str, family: str, is_vl: bool, is_moe: bool, text_class: 
         hf_runner=f"{_PKG}.hf_runner.Qwen35Runner",
         kernels=f"{_PKG}.kernels.kernel_choices",
         vllm_registration=f"{_PKG}.vllm_arch.register_text_architectures",
+        hf_modeling=f"transformers.models.{family}.modeling_{family}",
     )
 
 

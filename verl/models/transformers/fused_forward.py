@@ -9,7 +9,6 @@ and ``labels`` (HF's own loss) go to the stock forward.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,7 +17,7 @@ import torch.distributed as dist
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from verl.models.spec import get_text_config
-from verl.models.transformers.patching import modeling_module_name
+from verl.models.transformers.patching import modeling_module
 from verl.utils import ulysses as uly
 
 
@@ -75,7 +74,7 @@ def _backbone(self, input_ids, kwargs, routers: bool = False):
     if not router_logits:
         return out[0], None, None
     text = get_text_config(self.config)
-    balance = importlib.import_module(modeling_module_name(self)).load_balancing_loss_func
+    balance = modeling_module(self).load_balancing_loss_func
     # No attention mask: the patched layers route the real (packed) tokens only.
     aux_loss = balance(router_logits, text.num_experts, text.num_experts_per_tok, None)
     return out[0], aux_loss, router_logits

@@ -1,10 +1,11 @@
 """Helpers every model's patched forwards share: binding a forward to one module instance, finding a module's
-transformers modeling file through FSDP2's wrapper subclass, and presenting a replacement top-level forward with
+transformers modeling file (named by its model spec, whatever class FSDP2 gave the module), and presenting a replacement top-level forward with
 the stock signature (``generate`` reads it)."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import types
 
@@ -42,14 +43,52 @@ def with_stock_signature(cls: type, fn):
     return forward
 
 
+def modeling_module(module: nn.Module):
+    """The transformers modeling file (the module object) whose plain helpers a patched forward of ``module``
+    reuses (``apply_rotary_pos_emb``, ``load_balancing_loss_func``, output classes).
+
+    Named by the model spec (:attr:`verl.models.spec.ModelSpec.hf_modeling`, looked up from the module's
+    config), never by the runtime class: FSDP2's ``fully_shard`` swaps a module's class for a subclass created
+    in torch's FSDP package, and a wrap policy may wrap any block (``wrap_policy.min_num_params=1`` wraps the
+    attention modules themselves). Models whose spec names no file (the generic spec) fall back to the module
+    of the unwrapped class.
+    """
+    config = getattr(module, "config", None)
+    key = (base_class(module), getattr(config, "model_type", None), tuple(getattr(config, "architectures", None) or ()))
+    return _modeling_module(key, config)
+
+
 def modeling_module_name(module: nn.Module) -> str:
-    """The transformers modeling file of ``module``'s class, seen through FSDP2's wrapper subclass (which
-    lives in torch's FSDP package): patched forwards look their helpers up there."""
-    return base_class(module).__module__
+    """``modeling_module(module).__name__``."""
+    return modeling_module(module).__name__
+
+
+def _modeling_module(key, config):
+    cached = _MODELING_CACHE.get(key)
+    if cached is None:
+        cached = _MODELING_CACHE[key] = importlib.import_module(_modeling_path(key[0], config))
+    return cached
+
+
+_MODELING_CACHE: dict = {}
+
+
+def _modeling_path(cls: type, config) -> str:
+    if config is not None:
+        from verl.models.spec import get_model_spec
+
+        path = get_model_spec(config).hf_modeling
+        if path:
+            return path
+    return cls.__module__
 
 
 def base_class(module: nn.Module) -> type:
+    """``module``'s own class, seen through FSDP2's wrapper subclass (``FSDP<Name>``, created by
+    ``fully_shard`` in torch's FSDP package)."""
+    from torch.distributed.fsdp import FSDPModule
+
     for cls in type(module).__mro__:
-        if not cls.__name__.startswith("FSDP"):
+        if not (isinstance(cls, type) and issubclass(cls, FSDPModule)):
             return cls
     return type(module)

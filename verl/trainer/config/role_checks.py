@@ -45,6 +45,8 @@ def check_trainer(c: Checker) -> Optional[int]:
         c.fail("trainer.resume_from_path", "must point at a checkpoint when trainer.resume_mode=resume_path.")
     c.choice("trainer.device", ("cuda", "npu", "cpu"))
     c.integer("trainer.critic_warmup", minimum=0)
+    c.choice("trainer.on_nonfinite", ("skip", "error"))
+    c.number("trainer.esi_redundant_time", low=0)
     if nnodes is None or per_node is None:
         return None
     return nnodes * per_node

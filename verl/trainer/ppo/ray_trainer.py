@@ -21,6 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.trainer import faults
 from verl.trainer.config.validate import need_critic, need_reference_policy
 from verl.trainer.ppo import core_algos, filter_groups, rollout_corr
 from verl.trainer.ppo.core_algos import AdvantageEstimator
@@ -152,18 +153,27 @@ class RayPPOTrainer:
     def _ckpt_root(self) -> str:
         return ckpt_dirs.checkpoint_root(self.config.trainer.default_local_dir)
 
-    def _save_checkpoint(self) -> None:
+    def _save_checkpoint(self) -> str:
+        """Write step ``global_steps`` (every role, the data position, the manifest), then mark it latest.
+
+        A failure on the way (a full disk, a write error, a worker dying mid-save) leaves the previous checkpoint
+        marked and intact: the partial directory is removed and the run stops with a checkpoint error."""
         root = self._ckpt_root()
         step_dir = ckpt_dirs.step_dir(root, self.global_steps)
-        self.actor_rollout_wg.save_checkpoint(os.path.join(step_dir, "actor"), global_step=self.global_steps)
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(os.path.join(step_dir, "critic"), global_step=self.global_steps)
-        tmp = os.path.join(step_dir, "data.pt.tmp")
-        torch.save(self._data_state(), tmp)
-        os.replace(tmp, os.path.join(step_dir, "data.pt"))
+        try:
+            self.actor_rollout_wg.save_checkpoint(os.path.join(step_dir, "actor"), global_step=self.global_steps)
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(os.path.join(step_dir, "critic"), global_step=self.global_steps)
+            ckpt_dirs.atomic_torch_save(self._data_state(), os.path.join(step_dir, "data.pt"))
+            ckpt_dirs.write_manifest(step_dir)
+        except faults.WorkerDied:
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure to write leaves the old checkpoint in charge
+            raise ckpt_dirs.save_failed(root, step_dir, err) from err
         # Mark the step as latest only once every part is on disk; a crash before this keeps the old mark.
         ckpt_dirs.mark_latest(root, self.global_steps)
         ckpt_dirs.prune_steps(root, self.config.trainer.get("max_actor_ckpt_to_keep"))
+        return step_dir
 
     def _find_resume_dir(self) -> Optional[str]:
         return ckpt_dirs.resume_dir(self.config.trainer)
@@ -172,16 +182,17 @@ class RayPPOTrainer:
         step_dir = self._find_resume_dir()
         if step_dir is None:
             return
-        if not os.path.isdir(step_dir):
-            raise FileNotFoundError(f"checkpoint directory {step_dir} does not exist")
+        # A missing, truncated or partial checkpoint is refused, naming the file, before any worker loads it.
+        ckpt_dirs.check_resumable(step_dir)
         self.global_steps = ckpt_dirs.step_of(step_dir)
         print(f"Resuming from {step_dir} (global step {self.global_steps})", flush=True)
-        self.actor_rollout_wg.load_checkpoint(os.path.join(step_dir, "actor"))
-        if self.use_critic:
-            self.critic_wg.load_checkpoint(os.path.join(step_dir, "critic"))
-        data_file = os.path.join(step_dir, "data.pt")
-        if os.path.exists(data_file):
-            self._load_data_state(torch.load(data_file, weights_only=False))
+        with ckpt_dirs.loading(step_dir):
+            self.actor_rollout_wg.load_checkpoint(os.path.join(step_dir, "actor"))
+            if self.use_critic:
+                self.critic_wg.load_checkpoint(os.path.join(step_dir, "critic"))
+            data_file = os.path.join(step_dir, "data.pt")
+            if os.path.exists(data_file):
+                self._load_data_state(ckpt_dirs.torch_load(data_file))
 
     def _data_state(self) -> dict:
         """What ``data.pt`` holds: the controller's part of a checkpoint (the workers save their own)."""
@@ -223,7 +234,26 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ main loop
     def fit(self, tracker=None) -> dict[str, Any]:
+        """Train to ``total_training_steps``. SIGTERM (a scheduler's preemption) finishes the current step, saves
+        it and raises :class:`verl.trainer.faults.Preempted`; see ``docs/advance/faults.md`` for every fault."""
+        with faults.PreemptionGuard() as guard:
+            self._preemption = guard
+            try:
+                return self._fit(tracker)
+            except faults.WorkerDied as err:
+                if guard.requested is None:
+                    raise
+                # The signal reached the worker processes too (a process-group kill): nothing left to save with.
+                latest = ckpt_dirs.latest_step_dir(self._ckpt_root())
+                raise faults.Preempted(self.global_steps - 1, None, guard.requested, detail=(
+                    f"the worker processes ended too, during step {self.global_steps} ({err.message}); no "
+                    f"checkpoint of that step; the latest complete one is {latest or 'none'}")) from err
+
+    def _fit(self, tracker=None) -> dict[str, Any]:
         cfg = self.config
+        guard = self._preemption
+        self._on_nonfinite = faults.check_nonfinite_mode(str(cfg.trainer.get("on_nonfinite", "skip")))
+        self.max_steps_duration = 0.0
         self._load_checkpoint()
         self._before_steps()
         last_val: dict[str, float] = {}
@@ -239,16 +269,27 @@ class RayPPOTrainer:
         try:  # the bar is closed on an error too, so the error paragraph starts on its own line
             self._start_steps()
             while self.global_steps <= self.total_training_steps:
+                if guard.requested:  # before any step of this process (during start-up or the first validation)
+                    raise faults.Preempted(self.global_steps - 1, None, guard.requested)
                 with self.profiler.step(self.global_steps):
                     metrics = self._fit_step()
+                self.max_steps_duration = max(self.max_steps_duration, self._timing.get("step", 0.0))
                 is_last = self.global_steps >= self.total_training_steps
+                preempted = guard.requested is not None and not is_last
                 save_freq = cfg.trainer.get("save_freq", -1)
-                if save_freq and save_freq > 0 and (is_last or self.global_steps % save_freq == 0):
+                saving = bool(save_freq and save_freq > 0)
+                # upstream's ESI rule: an elastic instance about to expire forces a save (with saving on).
+                esi = saving and faults.should_save_ckpt_esi(
+                    self.max_steps_duration, redundant_time=float(cfg.trainer.get("esi_redundant_time", 0) or 0))
+                saved = None
+                if preempted or (saving and (is_last or self.global_steps % save_freq == 0 or esi)):
+                    if esi:
+                        print("Force saving checkpoint: ESI instance expiration approaching.", flush=True)
                     with marked_timer("save_checkpoint", self._timing):
-                        self._save_checkpoint()
+                        saved = self._save_checkpoint()
                     metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
                 test_freq = cfg.trainer.get("test_freq", -1)
-                if self.val_reward_fn is not None and test_freq and test_freq > 0 and (
+                if not preempted and self.val_reward_fn is not None and test_freq and test_freq > 0 and (
                         is_last or self.global_steps % test_freq == 0):
                     last_val = self._validate_now()
                     metrics.update(last_val)
@@ -258,6 +299,8 @@ class RayPPOTrainer:
                     tracker.log(metrics, step=self.global_steps)
                 history.append(metrics)
                 progress.update(1)
+                if preempted:
+                    raise faults.Preempted(self.global_steps, saved, guard.requested)
                 self.global_steps += 1
         finally:
             progress.close()
@@ -408,12 +451,21 @@ class RayPPOTrainer:
                                       config=cfg.algorithm)
         if self.use_critic:
             with marked_timer("update_critic", timing):
-                metrics.update(_mean_over_ranks(self._metric_call(self.critic_wg.update_critic, batch)))
+                per_rank = self._metric_call(self.critic_wg.update_critic, batch)
+            metrics.update(self._nonfinite_check("critic", per_rank, ("critic/vf_loss",)))
+            metrics.update(_mean_over_ranks(per_rank))
         if self.global_steps > cfg.trainer.get("critic_warmup", 0):
             with marked_timer("update_actor", timing):
                 batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
-                metrics.update(_mean_over_ranks(self._metric_call(self.actor_rollout_wg.update_actor, batch)))
+                per_rank = self._metric_call(self.actor_rollout_wg.update_actor, batch)
+            metrics.update(self._nonfinite_check("actor", per_rank, ("actor/pg_loss",)))
+            metrics.update(_mean_over_ranks(per_rank))
         return batch
+
+    def _nonfinite_check(self, role: str, per_rank, loss_keys) -> dict:
+        """``trainer.on_nonfinite``: log the updates the engine dropped for a NaN/inf gradient, or stop."""
+        mode = getattr(self, "_on_nonfinite", None) or str(self.config.trainer.get("on_nonfinite", "skip"))
+        return faults.nonfinite_update_check(role, per_rank, self.global_steps, mode, loss_keys)
 
     def _metric_call(self, method, batch: DataProto):
         dp = self._dp_size(method)

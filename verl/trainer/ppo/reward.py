@@ -115,21 +115,43 @@ def compute_reward(data: DataProto, reward_fn) -> tuple[Any, dict[str, Any]]:
     without scores is the reward manager's mistake, reported as a reward error.
     """
     if not _accepts_return_dict(reward_fn):
-        return reward_fn(data), {}
+        return _finite_scores(reward_fn(data), reward_fn), {}
     result = reward_fn(data, return_dict=True)
     if isinstance(result, dict):
         if "reward_tensor" not in result:
             from verl.utils.user_errors import UserFacingError
 
-            name = getattr(reward_fn, "__qualname__", None) or type(reward_fn).__qualname__
             raise UserFacingError(
-                "Reward", f"the reward manager ({name}) returned a dict without 'reward_tensor' "
+                "Reward", f"the reward manager ({_name(reward_fn)}) returned a dict without 'reward_tensor' "
                 f"(its keys: {sorted(result)})",
                 "With return_dict=True a reward manager returns {'reward_tensor': token-level scores [batch, "
                 "response length], 'reward_extra_info': {key: list per row}}; fix reward.reward_manager or "
                 "reward.custom_reward_function.")
-        return result["reward_tensor"], dict(result.get("reward_extra_info") or {})
-    return result, {}
+        return _finite_scores(result["reward_tensor"], reward_fn), dict(result.get("reward_extra_info") or {})
+    return _finite_scores(result, reward_fn), {}
+
+
+def _name(reward_fn) -> str:
+    return getattr(reward_fn, "__qualname__", None) or type(reward_fn).__qualname__
+
+
+def _finite_scores(scores, reward_fn):
+    """``scores`` unchanged; a NaN/inf anywhere (from any reward manager, a reward model's ``rm_scores`` included)
+    is a reward error naming the manager and the first rows holding one."""
+    import torch
+
+    if isinstance(scores, torch.Tensor) and scores.is_floating_point() and not bool(torch.isfinite(scores).all()):
+        from verl.utils.user_errors import UserFacingError
+
+        rows = (~torch.isfinite(scores)).reshape(len(scores), -1).any(-1).nonzero().flatten().tolist()
+        values = [scores[r][~torch.isfinite(scores[r])][0].item() for r in rows[:5]]
+        raise UserFacingError(
+            "Reward", f"the reward manager ({_name(reward_fn)}) gave a non-finite score on row"
+            f"{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:5]))}{' ...' if len(rows) > 5 else ''} "
+            f"of the batch ({', '.join(map(str, values))})",
+            "A reward must be a finite number: NaN/inf would turn the group's advantages and the update into NaN. "
+            "Fix reward.custom_reward_function / the reward manager.")
+    return scores
 
 
 def extract_reward(batch: DataProto):

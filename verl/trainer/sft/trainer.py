@@ -138,23 +138,41 @@ class SFTTrainer:
         path = self._resume_dir()
         if path is None:
             return state
-        with open(os.path.join(path, STATE_FILE)) as f:
-            state.update(json.load(f))
-        self.engine.load_checkpoint(path)
+        # A missing, truncated or partial checkpoint is refused naming the file (verl/utils/checkpoint/step_dirs.py).
+        ckpt_dirs.check_resumable(path)
+        with ckpt_dirs.loading(path):
+            try:
+                with open(os.path.join(path, STATE_FILE)) as f:
+                    state.update(json.load(f))
+            except (OSError, ValueError) as err:
+                raise ckpt_dirs.CheckpointError(f"checkpoint file {os.path.join(path, STATE_FILE)} cannot be read "
+                                                f"({type(err).__name__}: {err})") from err
+            self.engine.load_checkpoint(path)
         if self.rank == 0:
             print(f"Resumed from {path} (global step {state['global_step']})", flush=True)
         return state
 
     def save_checkpoint(self, state: dict) -> str:
+        """Every rank's part, the trainer state, the manifest, then the marker. A failed write (a full disk)
+        removes the partial directory and leaves the previous checkpoint marked (a CheckpointError)."""
         root = self._ckpt_root()
         path = ckpt_dirs.step_dir(root, state["global_step"])
-        self.engine.save_checkpoint(path, global_step=state["global_step"])
-        if self.rank == 0:
-            os.makedirs(path, exist_ok=True)
-            with open(os.path.join(path, STATE_FILE), "w") as f:
-                json.dump(state, f)
-        if dist.is_initialized():
-            dist.barrier()
+        try:
+            self.engine.save_checkpoint(path, global_step=state["global_step"])
+            if self.rank == 0:
+                os.makedirs(path, exist_ok=True)
+                tmp = os.path.join(path, STATE_FILE + ".tmp")
+                with open(tmp, "w") as f:
+                    json.dump(state, f)
+                os.replace(tmp, os.path.join(path, STATE_FILE))
+            if dist.is_initialized():
+                dist.barrier()
+            if self.rank == 0:
+                ckpt_dirs.write_manifest(path)
+        except ckpt_dirs.CheckpointError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure to write leaves the old checkpoint in charge
+            raise ckpt_dirs.save_failed(root, path, err) if self.rank == 0 else err
         if self.rank == 0:
             # The marker moves only once every rank's part is on disk.
             ckpt_dirs.mark_latest(root, state["global_step"])
@@ -239,8 +257,25 @@ class SFTTrainer:
                           batch_sampler=GlobalBatchSampler(self.order, self.batch_size, epoch, start),
                           collate_fn=_rows, num_workers=workers, persistent_workers=False)
 
+    def _stop_requested(self, guard) -> Optional[str]:
+        """Whether any rank got SIGTERM (all ranks agree, so they save and stop together)."""
+        flag = 1.0 if guard.requested else 0.0
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            flag = self._all_sum(flag)[0]
+        return (guard.requested or "SIGTERM") if flag > 0 else None
+
     def fit(self, tracker=None) -> dict:
-        """Train to ``total_steps``; returns ``{"history": [metrics per logged step], "checkpoint": last path}``."""
+        """Train to ``total_steps``; returns ``{"history": [metrics per logged step], "checkpoint": last path}``.
+
+        SIGTERM finishes the current step, saves it and raises :class:`verl.trainer.faults.Preempted`; a NaN/inf
+        gradient norm is logged (``trainer.on_nonfinite=skip``) or stops the run (``error``)."""
+        from verl.trainer import faults
+
+        with faults.PreemptionGuard() as guard:
+            return self._fit(tracker, guard, faults)
+
+    def _fit(self, tracker, guard, faults) -> dict:
+        on_nonfinite = faults.check_nonfinite_mode(str(self.config.trainer.get("on_nonfinite", "skip")))
         state = self.load_checkpoint()
         history: list[dict] = []
         last_ckpt = None
@@ -254,6 +289,8 @@ class SFTTrainer:
             while state["global_step"] < self.total_steps:
                 for rows in self._loader(epoch, start):
                     metrics = self.train_step(raise_row_failures(rows))
+                    metrics.update(faults.nonfinite_update_check(
+                        "train", [metrics], state["global_step"] + 1, on_nonfinite, ("train/loss",), label="SFT"))
                     state["global_step"] += 1
                     state["step_in_epoch"] += 1
                     if state["step_in_epoch"] == self.steps_per_epoch:
@@ -263,9 +300,10 @@ class SFTTrainer:
                     metrics["train/epoch"] = epoch
                     step = state["global_step"]
                     last = step >= self.total_steps
-                    if self.test_freq > 0 and (step % self.test_freq == 0 or last):
+                    stop = None if last else self._stop_requested(guard)
+                    if not stop and self.test_freq > 0 and (step % self.test_freq == 0 or last):
                         metrics.update(self.validate())
-                    if self.save_freq > 0 and (step % self.save_freq == 0 or last):
+                    if stop or (self.save_freq > 0 and (step % self.save_freq == 0 or last)):
                         last_ckpt = self.save_checkpoint(dict(state))
                     metrics["training/global_step"] = step
                     history.append(metrics)
@@ -274,6 +312,8 @@ class SFTTrainer:
                     if bar is not None:
                         bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
                         bar.update(1)
+                    if stop:
+                        raise faults.Preempted(step, last_ckpt, stop)
                     if last:
                         break
                 epoch, start = state["epoch"], state["step_in_epoch"]

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from verl.utils.checkpoint.step_dirs import atomic_torch_save, torch_load
 from verl.utils.fsdp_utils import full_state_dict
 
 
@@ -28,12 +29,6 @@ def _rank_world():
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def atomic_torch_save(obj, path: str) -> None:
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def _to_local(obj):
@@ -138,7 +133,7 @@ class FSDPCheckpointManager:
                 "Resume with the same number of GPUs the checkpoint was saved with."
             )
         if "model" in self.load_contents:
-            saved = torch.load(model_file, map_location="cpu", weights_only=False)
+            saved = torch_load(model_file)
             with torch.no_grad():
                 for name, t in self.model.state_dict().items():
                     if name not in saved:
@@ -147,10 +142,10 @@ class FSDPCheckpointManager:
                     local.copy_(saved[name].to(local.dtype))
         optim_file = os.path.join(local_path, f"optim_{tag}.pt")
         if "optimizer" in self.load_contents and self.optimizer is not None and os.path.exists(optim_file):
-            self._load_optimizer(torch.load(optim_file, map_location="cpu", weights_only=False))
+            self._load_optimizer(torch_load(optim_file))
         extra_file = os.path.join(local_path, f"extra_state_{tag}.pt")
         if "extra" in self.load_contents and os.path.exists(extra_file):
-            extra = torch.load(extra_file, map_location="cpu", weights_only=False)
+            extra = torch_load(extra_file)
             if self.lr_scheduler is not None and extra.get("lr_scheduler") is not None:
                 self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
             rng = extra.get("rng") or {}

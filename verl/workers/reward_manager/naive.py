@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import signal
 from collections import defaultdict
@@ -140,6 +141,13 @@ class NaiveRewardManager:
             raise TypeError(
                 f"NaiveRewardManager: reward function {name} returned {type(bad).__name__} {bad!r} on row {row} "
                 f"(data_source={data_source!r}); it must return a number or a dict with a numeric 'score'"
+            )
+        if not math.isfinite(score):
+            # A NaN/inf reward would make every advantage of its group NaN, then the update: refuse it here,
+            # where the function and the row are known.
+            raise ValueError(
+                f"NaiveRewardManager: reward function {name} returned {score} on row {row} "
+                f"(data_source={data_source!r}, response {response_str[:80]!r}); a reward must be a finite number"
             )
         return score, extras
 

@@ -41,9 +41,15 @@ def _contents(engine: "MegatronEngine", key: str) -> list[str]:
 
 
 def _atomic_save(obj, path: str) -> None:
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    from verl.utils.checkpoint.step_dirs import atomic_torch_save
+
+    atomic_torch_save(obj, path)  # a failed write (full disk) leaves no temporary file behind
+
+
+def _load(path: str):
+    from verl.utils.checkpoint.step_dirs import torch_load
+
+    return torch_load(path)  # a truncated file is an error naming it
 
 
 def _coords() -> dict:
@@ -155,17 +161,17 @@ def load_checkpoint(engine: "MegatronEngine", local_path: str) -> None:
                     if os.path.isdir(local_path) else []
                 raise FileNotFoundError(f"{path} not found (have {have}): Megatron checkpoints resume only on the "
                                         "tensor/pipeline/expert layout they were saved with")
-            states = torch.load(path, map_location="cpu", weights_only=False)
+            states = _load(path)
             for m, sd in zip(engine.model, states):
                 m.load_state_dict(sd, strict=True)
         if "optimizer" in contents and engine.optimizer is not None:
             path = os.path.join(local_path, f"optim_rank_{rank}.pt")
-            _load_optimizer_state(engine.optimizer, torch.load(path, map_location="cpu", weights_only=False))
+            _load_optimizer_state(engine.optimizer, _load(path))
         elif "model" in contents and engine.optimizer is not None:
             engine.optimizer.reload_model_params()  # fp32 master weights follow the loaded model
     if "extra" in contents:
         path = os.path.join(local_path, f"extra_state_rank_{rank}.pt")
-        extra = torch.load(path, map_location="cpu", weights_only=False)
+        extra = _load(path)
         if extra.get("lr_scheduler") is not None and engine.lr_scheduler is not None:
             engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         _set_rng_state(extra["rng"])
