@@ -153,6 +153,8 @@ def test_rollout_metrics_merge_across_data_parallel_ranks():
         no_cycle = SimpleNamespace(before_generate=lambda: None, after_generate=lambda: None)
         worker = SimpleNamespace(agent_loop=FakeLoop(calls), config=cfg, rollout_cycle=no_cycle,
                                  rollout=SimpleNamespace())  # an engine without memory metrics (the hf one)
+        # the real per-token weight-version stamp (a synchronous worker has no weight_version: it stamps nothing)
+        worker._stamp_weight_version = lambda out: ActorRolloutRefWorker._stamp_weight_version(worker, out)
         prompts = DataProto.from_dict(tensors={"input_ids": torch.zeros(2, 4, dtype=torch.long)},
                                       meta_info={"global_steps": 1})
         return ActorRolloutRefWorker.generate_sequences(worker, prompts)
