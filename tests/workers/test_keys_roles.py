@@ -103,6 +103,9 @@ def test_log_prob_micro_batches_of_the_rollout_and_the_reference():
     actor_engine, ref_engine = RecordingEngine(), RecordingEngine()
     w.actor = PPOActor(cfg.actor_rollout_ref.actor, actor_engine)
     w.ref_policy = PPOActor(cfg.actor_rollout_ref.ref, ref_engine)
+    # what __init__ sets for the reference's call: its engine (no sequence-parallel group here) and one rank per
+    # dispatched chunk
+    w.ref_engine, w._replica = ref_engine, 1
     w.compute_log_prob(_data())
     w.compute_ref_log_prob(_data())
     (_, _, meta), = actor_engine.calls
