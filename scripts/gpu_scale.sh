@@ -28,14 +28,7 @@ OFF=${OFFLOAD:+--offload}
 
 for p in $PARTS; do
     case $p in
-    versions) run_part versions 60 "$PY" -c "
-import importlib, torch
-print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
-for m in ('megatron.core', 'fla', 'ray', 'transformers'):
-    try:
-        print(m, getattr(importlib.import_module(m), '__version__', '?'))
-    except Exception as e:
-        print(m, 'NOT importable:', e)" ;;
+    versions) PARTS=versions OUT="$OUT" bash scripts/gpu_multi.sh ;;  # the same versions report
     mcore) run_part mcore "${T_MCORE:-600}" "$PY" -m pytest -v -s -m gpu -p no:cacheprovider -rsfE \
                tests/models/mcore/test_mcore_qwen3_5_parallel_gpu.py ;;
     fsdp) run_part fsdp "${T_FSDP:-3000}" "$PY" scripts/gpu_scale.py fsdp --gpus "$GPUS" $OFF ${SCALE_ARGS:-} ;;
