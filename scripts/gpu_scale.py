@@ -15,8 +15,8 @@ per position, measured on random token sequences, is ``1 / --mean-response``: le
 geometric with that mean, clipped at ``--max-response``. What was really generated is printed per step
 (``response_length/mean`` / ``max``); the model is otherwise untouched.
 
-Each case runs twice: steps 1-3 with a checkpoint saved after step 3, then a resumed run (``resume_mode=auto``)
-that loads it and trains step 4. The table per step: seconds per phase (gen, old log-prob, ref, update, weight
+Each case runs twice: steps 1..S-1 with a checkpoint saved after the last of them, then a resumed run
+(``resume_mode=auto``) that loads it and trains step S (``--steps S``, default 4: steps 1-3, then step 4). The table per step: seconds per phase (gen, old log-prob, ref, update, weight
 sync, save), tokens/s per GPU, MFU of the actor update against the datasheet (``perf/mfu/actor``) and against
 a bf16 matmul ceiling measured first in the same run, peak memory per GPU, and the generation share.
 
@@ -166,13 +166,14 @@ def _common(args, model_dir: Path, data: Path, ckpt: Path, steps: int, resume: b
         "trainer.launcher=ray", f"trainer.device={args.device}", "trainer.nnodes=1",
         f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_training_steps={steps}",
         "trainer.logger=[console,file]", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "trainer.save_freq=3", f"trainer.default_local_dir={ckpt}",
+        f"trainer.save_freq={args.steps - 1}", f"trainer.default_local_dir={ckpt}",
         f"trainer.resume_mode={'auto' if resume else 'disable'}",
         f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data}", f"data.val_files={data}",
         f"data.train_batch_size={args.prompts}", f"data.max_prompt_length={args.max_prompt}",
         f"data.max_response_length={args.max_response}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true", f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tok * 2}",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={int(tok * args.update_tokens)}",
         "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
         f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={tok * 4}",
         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
@@ -186,6 +187,7 @@ def _common(args, model_dir: Path, data: Path, ckpt: Path, steps: int, resume: b
 
 def fsdp_overrides(args, model_dir, data, ckpt, steps, resume) -> list[str]:
     return ["--config-name", "ppo_trainer", *_common(args, model_dir, data, ckpt, steps, resume),
+            "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
             "actor_rollout_ref.model.enable_gradient_checkpointing=true",
             "actor_rollout_ref.model.use_remove_padding=true",
             f"actor_rollout_ref.actor.fsdp_config.optimizer_offload={str(args.offload).lower()}",
@@ -273,7 +275,7 @@ def run_case(args, shape: str, make) -> int:
     walls = work / f"walls_{args.what}_{args.tp}x{args.ep}.json"
     seen = json.loads(walls.read_text()) if walls.exists() else {}
     rc = 0
-    for stage, steps, resume in (("train", 3, False), ("resume", 4, True)):
+    for stage, steps, resume in (("train", args.steps - 1, False), ("resume", args.steps, True)):
         if args.stage not in ("all", stage):
             continue
         if stage == "train":
@@ -289,7 +291,8 @@ def run_case(args, shape: str, make) -> int:
     report(steps, info, args, seen.get("ceiling"),
            (seen.get("train", {}).get("wall", 0.0), seen.get("resume", {}).get("wall", 0.0)))
     done = [r["step"] for r in steps]
-    ok = rc == 0 and done == ([1, 2, 3] if args.stage == "train" else [1, 2, 3, 4])
+    want = list(range(1, args.steps if args.stage == "train" else args.steps + 1))
+    ok = rc == 0 and done == want
     print(f"[scale {args.what}] {'OK' if ok else 'FAILED'} (stage {args.stage}, exit {rc}, steps {done})", flush=True)
     return 0 if ok else 1
 
@@ -331,8 +334,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-prompt", type=int, default=1280)
     p.add_argument("--max-response", type=int, default=4096)
     p.add_argument("--mean-response", type=float, default=1024.0)
+    p.add_argument("--steps", type=int, default=4, help="GRPO steps in all: the first launch trains all but the "
+                   "last and saves, the resumed launch trains the last")
+    p.add_argument("--update-tokens", type=float, default=2.0,
+                   help="actor micro-batch tokens per GPU, in multiples of max prompt + max response")
     p.add_argument("--stage", default="all", choices=["all", "build", "train", "resume"],
-                   help="build the checkpoint only, run steps 1-3 + save, run the resumed step 4, or all three")
+                   help="build the checkpoint only, run steps 1..S-1 + save, run the resumed step S, or all three")
     p.add_argument("--workdir", default="/tmp/verl_scale")
     p.add_argument("--timeout", type=int, default=3000, help="seconds per main_ppo launch")
     p.add_argument("extra", nargs="*", help="more main_ppo overrides (key=value)")
