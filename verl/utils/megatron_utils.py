@@ -40,7 +40,13 @@ def unwrap_model(chunk: torch.nn.Module) -> torch.nn.Module:
 
 def ddp_buffers(chunk: torch.nn.Module) -> list:
     """The ParamAndGradBuffers of a DDP-wrapped chunk (dense and expert-parallel); [] when not wrapped."""
-    return list(getattr(chunk, "buffers", None) or []) + list(getattr(chunk, "expert_parallel_buffers", None) or [])
+    # An unwrapped module (the reference model) has only nn.Module.buffers, a method: not DDP's list.
+    found = []
+    for name in ("buffers", "expert_parallel_buffers"):
+        value = getattr(chunk, name, None)
+        if isinstance(value, (list, tuple)):
+            found.extend(value)
+    return found
 
 
 def _device() -> torch.device:

@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import torch
 
+from verl.utils.device import get_torch_device
 from verl.utils.fsdp_utils import gathered_for_inference
 from verl.workers.rollout.base import GenerationOutput, GenerationRequest, SamplingParams
 from verl.workers.rollout.hf_engine.engine import DecodeEngine, EngineOptions, SeqRequest
@@ -127,6 +128,10 @@ def generate_with_engine(rollout, requests: list[GenerationRequest], params: Sam
             results = engine.run(seqs)
         finally:
             module.train(was_training)
+            engine = runner = None  # the KV cache and CUDA-graph pools die with them
+    # Hand the rollout's cache back to the driver, not just to torch's allocator: the phases that follow (the
+    # actor update at 9B) need it, and Triton's kernel loads and autotuning allocate outside that allocator.
+    get_torch_device().empty_cache()
     rollout.last_stats = dict(opt.stats)
     outputs: list[list[GenerationOutput]] = [[] for _ in requests]
     for r, res in zip(owner, results):
