@@ -280,3 +280,17 @@ def test_megatron_masters_are_seeded_only_where_loading_rounded():
     assert not loses_precision(fp32.bfloat16(), bf16_param)
     assert not loses_precision(fp32, torch.zeros(8))  # fp32 parameters keep everything
     assert not loses_precision(torch.arange(8), bf16_param)  # integer buffers are not weights
+
+
+def test_ddp_buffers_of_an_unwrapped_reference_model_are_none():
+    """The reference model is not DDP-wrapped: its ``buffers`` is nn.Module's method, not DDP's list (taking it
+    for one crashed ref.megatron.param_offload on the 4-GPU host)."""
+    from types import SimpleNamespace
+
+    from verl.utils.megatron_utils import ddp_buffers, offload_megatron_model_to_cpu
+
+    plain = torch.nn.Linear(2, 2)
+    assert ddp_buffers(plain) == []
+    offload_megatron_model_to_cpu([plain])  # loose parameters only: already on the CPU, nothing to do
+    wrapped = SimpleNamespace(buffers=["dense"], expert_parallel_buffers=["experts"])
+    assert ddp_buffers(wrapped) == ["dense", "experts"]

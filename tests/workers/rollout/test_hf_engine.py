@@ -256,3 +256,52 @@ def test_lora_adapter_is_applied():
         assert o[0].token_ids == hf_greedy(merged, p, 8)
     plain = rollout(model).generate([GenerationRequest(p) for p in ps], params)
     assert [o[0].token_ids for o in outs] != [o[0].token_ids for o in plain]  # the adapter changed the output
+
+
+@pytest.mark.parametrize("impl, syncs", [("grouped_mm", False), ("batched_mm", False), ("eager", True)])
+def test_moe_runner_syncs_host_only_with_the_expert_loop(impl, syncs):
+    """CUDA graphs for the MoE decode step hinge on this: transformers' eager experts loop over the experts hit
+    (a host sync per layer); grouped_mm / batched_mm route on the device. A dense model never syncs."""
+    from verl.models.qwen3_5.hf_runner import Qwen35Runner
+
+    model = build_tiny_qwen3_5(None, kind="moe", seed=0, with_tokenizer=False)
+    model.set_experts_implementation(impl)
+    assert Qwen35Runner(model).syncs_host is syncs
+    assert Qwen35Runner(tiny("dense")).syncs_host is False
+
+
+def test_moe_runner_with_lora_experts_counts_as_syncing():
+    peft = pytest.importorskip("peft")
+    from verl.models.qwen3_5.hf_runner import Qwen35Runner
+
+    model = build_tiny_qwen3_5(None, kind="moe", seed=0, with_tokenizer=False)
+    model.set_experts_implementation("grouped_mm")
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert Qwen35Runner(lora).syncs_host is True
+
+
+def test_moe_decode_is_the_same_under_each_expert_implementation():
+    """The sync-free expert path the engine may graph-capture decodes the same tokens (and log-probs, fp32) as
+    transformers' eager loop."""
+    model = build_tiny_qwen3_5(None, kind="moe", seed=0, with_tokenizer=False, initializer_range=0.3)
+    reqs = [GenerationRequest(p) for p in prompts([5, 17, 9, 3])]
+    params = SamplingParams(temperature=1.0, top_k=40, seed=5, max_tokens=12, logprobs=True)
+    outs = {}
+    for impl in ("eager", "grouped_mm"):
+        model.set_experts_implementation(impl)
+        outs[impl] = rollout(model, max_num_seqs=2).generate(reqs, params)
+    for a, b in zip(outs["eager"], outs["grouped_mm"]):
+        assert a[0].token_ids == b[0].token_ids
+        torch.testing.assert_close(torch.tensor(a[0].log_probs), torch.tensor(b[0].log_probs), rtol=1e-5, atol=1e-5)
+
+
+def test_generation_hands_its_cache_back_to_the_device(monkeypatch):
+    """After generating, the decode engine's KV cache is released to the driver (empty_cache), not kept in
+    torch's allocator: the 9B actor update after a rollout ran out of memory in Triton's autotuning without it."""
+    from verl.workers.rollout.hf_engine import entry
+
+    calls = []
+    monkeypatch.setattr(entry, "get_torch_device", lambda: SimpleNamespace(empty_cache=lambda: calls.append(1)))
+    out = rollout(tiny("dense")).generate([GenerationRequest(p) for p in prompts([4, 6])],
+                                          SamplingParams(temperature=1.0, seed=1, max_tokens=3))
+    assert [len(o[0].token_ids) for o in out] == [3, 3] and calls == [1]

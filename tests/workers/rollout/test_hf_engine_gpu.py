@@ -106,12 +106,16 @@ def _prompts(lengths, seed=0):
 
 
 @cuda
-def test_cuda_graph_decode_matches_eager():
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_cuda_graph_decode_matches_eager(kind):
+    """MoE included: transformers' grouped_mm experts route on the device, so the decode step is captured."""
     from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
     from verl.workers.rollout.base import GenerationRequest, SamplingParams
 
-    model = build_tiny_qwen3_5(None, kind="dense", with_tokenizer=False, initializer_range=0.3,
+    model = build_tiny_qwen3_5(None, kind=kind, with_tokenizer=False, initializer_range=0.3,
                                **FUSED_DIMS).to("cuda", torch.bfloat16)
+    if kind == "moe":
+        model.set_experts_implementation("grouped_mm")
     reqs = [GenerationRequest(p) for p in _prompts([5, 17, 9, 30, 12, 3, 8])]
     params = SamplingParams(temperature=1.0, top_k=40, seed=5, max_tokens=24, stop_token_ids=[40, 41, 42])
     graphed = _rollout(model, max_num_seqs=4)

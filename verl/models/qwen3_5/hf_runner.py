@@ -98,6 +98,25 @@ def _rule_with_final_state(q, k, v, g, beta, cu, max_len):
     return gdn.batch_to_packed(out, index[0]).unsqueeze(0).to(v.dtype), final
 
 
+# transformers' expert implementations that route on the device (a sort, a histogram and grouped / batched
+# GEMMs over every expert) with no data-dependent shapes or host syncs, so a decode step can be a CUDA graph.
+# "eager" loops over the experts hit (a host sync per layer); other kernels are not known to be capturable.
+SYNC_FREE_EXPERTS = ("grouped_mm", "batched_mm")
+
+
+def _moe_sync_free(module: torch.nn.Module, layers) -> bool:
+    if hasattr(module, "get_base_model"):
+        return False  # PEFT's wrappers around the 3-D expert weights run their own (unaudited) forward
+    for layer in layers:
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is None:
+            continue
+        impl = getattr(getattr(experts, "config", None), "_experts_implementation", None)
+        if impl not in SYNC_FREE_EXPERTS:
+            return False
+    return True
+
+
 class Qwen35Runner:
     """Generation forwards over a (possibly FSDP2-unsharded) Qwen3.5 causal LM or VL model."""
 
@@ -115,6 +134,7 @@ class Qwen35Runner:
         self.types = list(self.cfg.layer_types[: self.cfg.num_hidden_layers])
         self.shape = CacheShape.from_text_config(self.cfg)
         self.is_moe = any(hasattr(layer.mlp, "experts") for layer in self.layers)
+        self.syncs_host = self.is_moe and not _moe_sync_free(self.module, self.layers)
         attn = next(layer.self_attn for layer, t in zip(self.layers, self.types) if t == "full_attention")
         # The rotary helper of the model's modeling file, named by its spec: the module's runtime class may be
         # FSDP2's wrapper subclass (a wrap policy by size or class wraps the attention modules themselves).

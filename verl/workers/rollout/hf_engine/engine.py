@@ -149,9 +149,9 @@ class DecodeEngine:
                                opt.state_dtype)
         try:
             graphs = opt.use_cuda_graph and runner.device.type == "cuda"
-            if graphs and runner.is_moe:
-                logger.warning("hf rollout: the MoE block syncs with the host (data-dependent expert loop), so "
-                               "decode steps run eagerly without CUDA graphs")
+            if graphs and runner.syncs_host:
+                logger.warning("hf rollout: the MoE block syncs with the host (transformers' eager expert loop, or "
+                               "a LoRA-wrapped expert), so decode steps run eagerly without CUDA graphs")
                 graphs = False
             self.opt.stats.clear()
             self.opt.stats.update(capture_s=0.0, prefill_s=0.0, prefills=0, prefill_tokens=0, decode_steps=0,

@@ -27,7 +27,7 @@ class PrefillSeq:
 
 class DecodeRunner(Protocol):
     shape: CacheShape  # per-slot cache layout (attention KV, recurrent and conv states)
-    is_moe: bool  # routed experts: data-dependent shapes, so no CUDA graphs
+    syncs_host: bool  # a decode step syncs with the host (e.g. an expert loop): no CUDA graphs
 
     @property
     def device(self) -> torch.device: ...
