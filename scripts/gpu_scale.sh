@@ -13,18 +13,24 @@
 # Needs the wheels of ../shared/tools/gpu_wheels.sh --ray installed (fla, megatron-core, Hydra, tensordict, Ray):
 #   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_scale.sh
 # Where one call may last only minutes (the device tool: 10), run one part and stage per call, e.g.
-#   PARTS=fsdp SCALE_ARGS="--stage build" bash scripts/gpu_scale.sh, then --stage train, then --stage resume.
+#   PARTS=fsdp STAGE=build bash scripts/gpu_scale.sh, then STAGE=train, then STAGE=resume.
 # Knobs: PARTS="versions mcore fsdp megatron", T_MCORE / T_FSDP / T_MEGATRON (seconds per part), GPUS (default: all),
-# MOE_LAYERS (default 12 on 2 GPUs, 24 on 4: what the distributed optimizer fits without offload, see docs),
-# OFFLOAD=1 (optimizer offload for both), SCALE_ARGS (more gpu_scale.py arguments). Logs: $OUT.
+# MOE_LAYERS (default: 2 per GPU on 80 GB cards, 4 per GPU on larger ones: what fits beside the hf rollout's
+# full copy, see docs/advance/scale.md), OFFLOAD (optimizer offload; default 1 on 80 GB cards, where the 9B
+# update without it ran out of memory), SCALE_ARGS (more gpu_scale.py arguments; the defaults below are the
+# workload measured on 4 x H100 on 2026-11-26: 16 prompts x n=8, 3 steps, micro-batches of one max sequence). Logs: $OUT.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/gpu_scale_out}"
 source scripts/gpu_parts.sh
 PARTS="${PARTS:-versions mcore fsdp megatron}"
 GPUS="${GPUS:-$($PY -c 'import torch; print(torch.cuda.device_count())')}"
-MOE_LAYERS="${MOE_LAYERS:-$(( GPUS >= 4 ? 24 : 12 ))}"
-OFF=${OFFLOAD:+--offload}
+GIB="$($PY -c 'import torch; print(torch.cuda.get_device_properties(0).total_memory >> 30)')"
+MOE_LAYERS="${MOE_LAYERS:-$(( GPUS * (GIB < 100 ? 2 : 4) ))}"
+OFFLOAD="${OFFLOAD:-$(( GIB < 100 ? 1 : 0 ))}"
+OFF=$([ "$OFFLOAD" = 1 ] && echo --offload)
+SCALE_ARGS="${SCALE_ARGS:---prompts 16 --steps 3 --update-tokens 1.0} ${STAGE:+--stage $STAGE}"
+export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 
 for p in $PARTS; do
     case $p in
