@@ -269,6 +269,7 @@ class ActorRolloutRefWorker(Worker):
         out.meta_info.pop("metrics", None)  # per-sample agent-loop metrics; aggregated in agent_loop_metrics
         rank_metrics["timing_s/generate_sequences"] = time.time() - t0
         rank_metrics.update(getattr(self.rollout, "memory_metrics", None) or {})  # device memory around sleep
+        rank_metrics.update(getattr(self.rollout, "engine_metrics", None) or {})  # the hf decode loop's split
         out.meta_info["metrics"] = [rank_metrics]
         return out
 

@@ -305,3 +305,18 @@ def test_generation_hands_its_cache_back_to_the_device(monkeypatch):
     out = rollout(tiny("dense")).generate([GenerationRequest(p) for p in prompts([4, 6])],
                                           SamplingParams(temperature=1.0, seed=1, max_tokens=3))
     assert [len(o[0].token_ids) for o in out] == [3, 3] and calls == [1]
+
+
+def test_engine_metrics_split_the_rollout_time():
+    """Each generate call leaves the decode loop's split (seconds in all and prefilling, decode steps, slots,
+    whether CUDA graphs ran) for the worker to log as perf/hf_engine/* (max over ranks)."""
+    from verl.trainer.ppo.ray_trainer import _combine_agent_loop_metrics
+
+    r = rollout(tiny("dense"), max_num_seqs=2)
+    r.generate([GenerationRequest(p) for p in prompts([4, 6, 5])], SamplingParams(temperature=1.0, seed=1, max_tokens=5))
+    m = r.engine_metrics
+    assert m["perf/hf_engine/cuda_graphs"] == 0.0 and m["perf/hf_engine/slots"] == 2.0
+    assert m["perf/hf_engine/prefill_tokens"] == 15.0 and m["perf/hf_engine/decode_steps"] >= 8  # 3 seqs, 2 slots
+    assert 0 < m["perf/hf_engine/prefill_s"] < m["perf/hf_engine/run_s"]
+    slower = {**m, "perf/hf_engine/run_s": m["perf/hf_engine/run_s"] + 1}
+    assert _combine_agent_loop_metrics([m, slower])["perf/hf_engine/run_s"] == slower["perf/hf_engine/run_s"]

@@ -40,6 +40,12 @@ class HFRollout(BaseRollout):
                           "generates with module.generate (no slot batching or CUDA graphs)", stacklevel=2)
         self.last_stats: dict = {}
 
+    @property
+    def engine_metrics(self) -> dict:
+        """The decode loop's figures for the last ``generate`` on this rank (seconds in all, capturing graphs,
+        prefilling; decode steps, slot-steps, slots, whether CUDA graphs ran): where a rollout's time goes."""
+        return {f"perf/hf_engine/{k}": float(v) for k, v in self.last_stats.items()}  # max over ranks
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], **kwargs) -> None:
         # Generation uses the live training module; nothing to copy.
         for _ in weights:

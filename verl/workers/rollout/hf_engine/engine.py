@@ -153,9 +153,10 @@ class DecodeEngine:
                 logger.warning("hf rollout: the MoE block syncs with the host (transformers' eager expert loop, or "
                                "a LoRA-wrapped expert), so decode steps run eagerly without CUDA graphs")
                 graphs = False
+            t_run = time.perf_counter()
             self.opt.stats.clear()
             self.opt.stats.update(capture_s=0.0, prefill_s=0.0, prefills=0, prefill_tokens=0, decode_steps=0,
-                                  slot_steps=0)
+                                  slot_steps=0, cuda_graphs=int(graphs), slots=capacity)
             if graphs:
                 t0 = time.perf_counter()
                 sizes = sorted({min(s, capacity) for s in (opt.capture_sizes or default_capture_sizes(capacity))})
@@ -163,7 +164,9 @@ class DecodeEngine:
                     sizes.append(capacity)
                 self._warm_up(sizes)
                 self.opt.stats["warmup_s"] = time.perf_counter() - t0
-            return self._loop(seqs, capacity)
+            results = self._loop(seqs, capacity)
+            self.opt.stats["run_s"] = time.perf_counter() - t_run
+            return results
         finally:
             self.graphs.clear()
             self._buckets, self._pool = [], None
