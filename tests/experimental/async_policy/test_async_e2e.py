@@ -31,9 +31,10 @@ def test_one_step_off_policy_overlaps_one_step(tmp_path):
 
 
 def test_fully_async_applies_the_default_correction_to_stale_batches(tmp_path):
-    """bypass_mode off and no correction named: stale batches get token-level TIS (rollout_corr/* logged)."""
+    """bypass_mode off and no correction named: stale batches get token-level TIS (rollout_corr/* logged).
+    Chunks of 2 prompts, 4 per step: a step's chunks come from different trainer steps and weight versions."""
     _, rec = run_async("fully_async", tmp_path, FAST + [
-        "data.gen_batch_size=4", "algorithm.rollout_correction.bypass_mode=false", "trainer.total_training_steps=3",
+        "data.gen_batch_size=2", "algorithm.rollout_correction.bypass_mode=false", "trainer.total_training_steps=3",
         "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1"])
     steps = train_records(rec)
     assert sorted(steps) == [1, 2, 3]

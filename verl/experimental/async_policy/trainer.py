@@ -91,7 +91,10 @@ class AsyncPPOTrainer(RayPPOTrainer):
         with marked_timer("step", timing):
             with marked_timer("gen", timing):  # the trainer's wait for samples
                 chunks, waited = self.rollouter.take(self.schedule.chunks_per_step)
+            for c in chunks:  # each chunk carries the step that generated it; the batch is this step's
+                c.batch.meta_info.pop("global_steps", None)
             batch = DataProto.concat([c.batch for c in chunks])
+            batch.meta_info["global_steps"] = self.global_steps
             metrics.update(_combine_agent_loop_metrics([c.metrics for c in chunks]))
             ages = st.sample_staleness(batch, self.param_version)
             metrics.update(st.staleness_metrics(ages))
