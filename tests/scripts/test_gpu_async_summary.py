@@ -1,0 +1,37 @@
+"""scripts/gpu_async.py's figures from the file logger's records: samples/s over steps 2..N (step 1 compiles),
+and the idle shares, the decode loop's empty slot-steps included."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+
+def _step(i, step_s, gen_s, **extra):
+    return {"step": i, "data": {"timing_s/step": step_s, "timing_s/gen": gen_s, "response_length/mean": 100.0,
+                                "response_length/max": 400.0 + i, **extra}}
+
+
+def test_summary_skips_the_first_step_and_counts_idle_slots():
+    import gpu_async
+
+    steps = [_step(1, 100.0, 50.0),
+             _step(2, 10.0, 4.0, **{"perf/hf_engine/decode_steps": 100, "perf/hf_engine/slots": 8,
+                                    "perf/hf_engine/slot_steps": 200}),
+             _step(3, 30.0, 6.0, **{"perf/hf_engine/decode_steps": 50, "perf/hf_engine/slots": 4,
+                                    "perf/hf_engine/slot_steps": 150, "fully_async/trainer/idle_ratio": 0.5})]
+    s = gpu_async.summarize(steps, prompts=4, n=2)
+    assert s["steps"] == 3 and s["samples_per_s"] == pytest.approx(16 / 40)
+    assert s["step_s"] == pytest.approx(20.0) and s["gen_share"] == pytest.approx(5.0 / 20.0)
+    assert s["slot_idle"] == pytest.approx(((1 - 200 / 800) + (1 - 150 / 200)) / 2)
+    assert s["trainer_idle"] == pytest.approx(0.5) and s["rollout_idle"] is None
+    assert s["response_max"] == 403.0
+
+
+def test_one_pool_is_refused():
+    import gpu_async
+
+    with pytest.raises(SystemExit):
+        gpu_async.main(["--gpus", "1"])
