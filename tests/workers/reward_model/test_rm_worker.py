@@ -54,6 +54,19 @@ def test_scores_equal_hf_sequence_classification_forward(dirs, monkeypatch):
     policy_cfg = OmegaConf.create({"path": str(dirs / "policy"), "use_remove_padding": True})
     wg = create_local_worker_groups({"reward_model": (RewardModelWorker, (rm_cfg, policy_cfg), {})})["reward_model"]
     wg.init_model()
+    # reward.reward_model.rollout.max_num_batched_tokens=40 caps the real tokens of one packed micro-batch: the
+    # three rows (about 25-35 tokens each in the RM's format) run as three forwards.
+    import verl.workers.engine.fsdp.engine as fsdp_engine
+
+    sizes = []
+    real_split = fsdp_engine.split_micro_batches
+
+    def spy(*args, **kwargs):
+        micro, order = real_split(*args, **kwargs)
+        sizes.extend(int(mb["attention_mask"].sum()) for mb in micro)
+        return micro, order
+
+    monkeypatch.setattr(fsdp_engine, "split_micro_batches", spy)
     policy_tok = AutoTokenizer.from_pretrained(str(dirs / "policy"))
     chats = [[{"role": "user", "content": "add 2 and 3"}], [{"role": "user", "content": "hi"}],
              [{"role": "user", "content": "count to 4"}]]
@@ -79,6 +92,21 @@ def test_scores_equal_hf_sequence_classification_forward(dirs, monkeypatch):
         assert torch.count_nonzero(row).item() == 1
     # Different texts, different scores: the parity above is not a constant head.
     assert len({round(x, 4) for x in expected}) == 3
+    assert len(sizes) == 3 and max(sizes) <= 40, sizes
+
+
+def test_rollout_dtype_is_the_compute_dtype():
+    """reward.reward_model.rollout.dtype is the dtype the reward model computes in on accelerators (FSDP2's
+    param_dtype over fp32 master weights); the CPU computes in the weights' dtype."""
+    from verl.workers.engine.fsdp.model_init import precision_policy
+    from verl.workers.reward_model.worker import engine_config_for
+
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        role, model = engine_config_for(OmegaConf.create({"model_path": "/m", "rollout": {"dtype": name}}))
+        assert precision_policy(role.fsdp_config, torch.float32).param_dtype == dtype
+        assert model.path == "/m" and role.strategy == "fsdp2"
+    role, _ = engine_config_for(OmegaConf.create({"model_path": "/m", "rollout": {"dtype": "float32"}}))
+    assert precision_policy(role.fsdp_config, torch.float32) is None  # nothing to cast
 
 
 def test_a_causal_lm_is_refused_as_reward_model(dirs):
