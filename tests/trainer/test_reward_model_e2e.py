@@ -82,7 +82,10 @@ def test_grpo_with_reward_model_scores_equal_hf_forward(tmp_path, rm_dir):
 
 
 def test_reward_model_logs_score_and_refuses_generative_route(tmp_path, rm_dir):
-    _, rec = run_main_ppo(tmp_path / "ok", FAST + _rm_keys(rm_dir))
+    # Upstream's legacy spellings (top-level reward_model.*) are read as reward.reward_model.*.
+    legacy = ["reward_model.enable=true", f"reward_model.model.path={rm_dir}", "reward_model.rollout.name=hf"]
+    proc, rec = run_main_ppo(tmp_path / "ok", FAST + legacy)
+    assert "reward.reward_model.model_path" in proc.stderr + proc.stdout  # the deprecation note names the new key
     steps = train_records(rec)
     assert sorted(steps) == [1, 2]
     # Through the CLI too (the parity itself is checked above): finite scores reach the logged metrics.
