@@ -84,7 +84,8 @@ def check_reward_model(c: Checker) -> None:
                                              "the reward model runs colocated with the policy; set it to false.")
     name = c.get(f"{rm}.rollout.name")
     if name not in ("hf", "vllm", "sglang"):
-        c.fail(f"{rm}.rollout.name", f"is {name!r}; upstream requires it with a reward model (vllm or sglang): "
+        shown = "not set" if name in (None, UNSET) else f"{name!r}"
+        c.fail(f"{rm}.rollout.name", f"is {shown}; upstream requires it with a reward model (vllm or sglang): "
                                      "set hf, vllm or sglang. Here the score comes from a forward pass of the "
                                      "training engine whichever engine is named.")
     if c.get("reward.custom_reward_function.path") or c.get("custom_reward_function.path"):
