@@ -49,6 +49,13 @@ def test_scores_equal_hf_sequence_classification_forward(dirs, monkeypatch):
     from verl.single_controller.worker_group import create_local_worker_groups
     from verl.workers.reward_model.worker import RewardModelWorker
 
+    from verl.utils.net import find_free_port
+
+    # The in-process launcher writes the rendezvous variables into os.environ; set them through monkeypatch so
+    # they are removed afterwards (a later subprocess inheriting this MASTER_PORT would find it taken).
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", str(find_free_port()))):
+        monkeypatch.setenv(key, value)
     rm_cfg = OmegaConf.create({"enable": True, "model_path": str(dirs / "rm"),
                                "rollout": {"name": "hf", "dtype": "float32", "max_num_batched_tokens": 40}})
     policy_cfg = OmegaConf.create({"path": str(dirs / "policy"), "use_remove_padding": True})
