@@ -153,9 +153,13 @@ def test_reward_kwargs_a_manager_does_not_take_are_refused(capsys):
     assert code == 2 and "`reward.reward_kwargs`" in err and "overlong_buffer_cfg" in err and "max_len" in err
 
 
-def test_reward_model_enable_is_refused_by_feature(capsys):
+def test_legacy_reward_model_enable_reaches_its_validation(capsys):
+    # The legacy spellings land on reward.reward_model.*, whose rules then apply: the engine name is required.
     code, _, err = dry_run(capsys, "reward_model.enable=True", "reward_model.model.path=/models/rm")
-    assert code == 2 and "model-based rewards" in err
+    assert code == 2 and "`reward.reward_model.rollout.name` is not set" in err
+    code, _, err = dry_run(capsys, "reward_model.enable=True", "reward_model.model.path=/models/rm",
+                           "reward_model.rollout.name=vllm")
+    assert code == 0, err
 
 
 def test_legacy_home_without_its_new_home_is_refused(capsys):

@@ -54,8 +54,6 @@ EXPECTED: dict[str, Optional[tuple[str, str]]] = {
     G + "run_gpt_oss_20b_fsdp.sh": ("pending", "`actor_rollout_ref.actor.fsdp_config.model_dtype` already exists"),
     G + "run_hy_v3_megatron.sh": CP,
     G + "run_kimi_k2_6_glm5_1_megatron_lite.sh": MLITE,
-    G + "run_mistral_nemo_12b_skyworkrm_fsdp.sh": ("declined", "model-based rewards (a reward model scoring "
-                                                               "responses) are not implemented"),
     G + "run_qwen2-7b_math_megatron_fsdp.sh": ("pending", "use_megatron_fsdp=True is not supported: Megatron-FSDP is "
                                                           "not built here"),
     G + "run_qwen3_235b_a22b_megatron.sh": EP_TP,

@@ -66,7 +66,17 @@ def build_role_specs(cfg: DictConfig, use_critic: bool) -> dict:
     if use_critic:
         # critic.rollout_n already interpolates actor_rollout_ref.rollout.n in the config.
         specs["critic"] = (CriticWorker, (cfg.critic,), {})
+    if need_reward_model(cfg):
+        from verl.workers.reward_model.worker import RewardModelWorker
+
+        # Colocated: one reward-model worker per rank of the same pool (upstream's default, enable_resource_pool
+        # false); it scores each generated batch before the reward managers run.
+        specs["reward_model"] = (RewardModelWorker, (cfg.reward.reward_model, cfg.actor_rollout_ref.model), {})
     return specs
+
+
+def need_reward_model(cfg: DictConfig) -> bool:
+    return bool(OmegaConf.select(cfg, "reward.reward_model.enable", default=False))
 
 
 def role_dp_sizes(cfg: DictConfig, specs: dict) -> dict[str, int]:
@@ -78,8 +88,11 @@ def role_dp_sizes(cfg: DictConfig, specs: dict) -> dict[str, int]:
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     actor_sp = ranks_per_dp_replica(cfg.actor_rollout_ref.actor)
     critic_sp = ranks_per_dp_replica(cfg.get("critic") or {})
-    return {role: world // (actor_sp if issubclass(spec[0], ActorRolloutRefWorker) else critic_sp)
-            for role, spec in specs.items()}
+    sizes = {role: world // (actor_sp if issubclass(spec[0], ActorRolloutRefWorker) else critic_sp)
+             for role, spec in specs.items()}
+    if "reward_model" in sizes:  # no sequence parallelism: every rank scores its own share
+        sizes["reward_model"] = world
+    return sizes
 
 
 def launch_workers(cfg: DictConfig, specs: dict) -> dict:

@@ -102,7 +102,16 @@ RULES = [
     ("data.truncation", {"data.truncation": "cut"}),
     ("data.train_batch_size", {"data.train_batch_size": "eight"}),
     ("reward.reward_manager.module.path", {"reward.reward_manager.source": "importlib"}),
-    ("reward.reward_model.enable", {"reward.reward_model.enable": True}),  # reward models are not implemented
+    # reward.reward_model.enable=true needs a checkpoint and an engine name; its own GPUs, and a custom function
+    # next to it (upstream's generative-RM route through a model server), are not implemented.
+    ("reward.reward_model.model_path", {"reward.reward_model.enable": True, "reward.reward_model.rollout.name": "hf"}),
+    ("reward.reward_model.rollout.name", {"reward.reward_model.enable": True, "reward.reward_model.model_path": "/m"}),
+    ("reward.reward_model.enable_resource_pool",
+     {"reward.reward_model.enable": True, "reward.reward_model.model_path": "/m", "reward.reward_model.rollout.name":
+      "hf", "reward.reward_model.enable_resource_pool": True}),
+    ("reward.custom_reward_function.path",
+     {"reward.reward_model.enable": True, "reward.reward_model.model_path": "/m", "reward.reward_model.rollout.name":
+      "hf", "reward.custom_reward_function.path": "a.py"}),
     ("custom_reward_function.path",
      {"custom_reward_function.path": "a.py", "reward.custom_reward_function.path": "b.py"}),
 ]

@@ -14,13 +14,15 @@ def test_roles_say_head_output_and_training():
     assert ref.output == "log_probs" and not ref.trainable and not ref.lora
     assert critic.value_head and critic.output == "values" and not critic.multimodal
     assert critic.section == "critic" and critic.model_section == "critic.model"
+    rm = engine_role("reward_model")  # the discriminative reward model: a trained score head, frozen
+    assert rm.value_head and rm.output == "values" and not rm.trainable and rm.head == "score"
     with pytest.raises(ValueError, match="not a registered engine role"):
-        engine_role("reward_model")
-    register_engine_role(EngineRole("reward_model", "value", False, "reward_model.model", "reward_model"))
+        engine_role("my_scorer")
+    register_engine_role(EngineRole("my_scorer", "value", False, "my_scorer.model", "my_scorer"))
     try:
-        assert engine_role("reward_model").value_head  # a new role is one registration
+        assert engine_role("my_scorer").value_head  # a new role is one registration
     finally:
-        ENGINE_ROLES.pop("reward_model")
+        ENGINE_ROLES.pop("my_scorer")
 
 
 def test_data_parallel_layout_comes_from_the_engine_registration():

@@ -58,6 +58,12 @@ def launch_pools(cfg: DictConfig, use_critic: bool) -> dict:
     from verl.utils.device import get_device_name
     from verl.workers.engine_workers import ActorRolloutRefWorker, ranks_per_dp_replica
 
+    if cfg.reward.reward_model.get("enable"):
+        # The asynchronous trainers score batches on the rollout side; the reward-model worker only runs in the
+        # colocated synchronous loop, so refuse rather than silently train on rule rewards.
+        raise ValueError("reward.reward_model.enable=true is implemented for the synchronous trainer "
+                         "(verl.trainer.main_ppo) only, not for the asynchronous modes")
+
     init_ray(cfg)
     device = get_device_name()
     threads = int(os.environ.get("VERL_CPU_THREADS", "1"))

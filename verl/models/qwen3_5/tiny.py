@@ -139,7 +139,8 @@ def build_tiny_qwen3_5(
     """Build (and optionally save) a tiny random Qwen3.5 model.
 
     kind: ``dense`` (Qwen3_5ForCausalLM), ``moe`` (Qwen3_5MoeForCausalLM), ``vl``
-    (Qwen3_5ForConditionalGeneration) or ``vl_moe`` (Qwen3_5MoeForConditionalGeneration).
+    (Qwen3_5ForConditionalGeneration), ``vl_moe`` (Qwen3_5MoeForConditionalGeneration) or ``seq_cls``
+    (Qwen3_5ForSequenceClassification with one label: a reward model).
     Returns the model; with ``path`` the checkpoint (and tokenizer; for VL kinds also the processor, see
     :func:`build_tiny_vl_processor`) are written there.
     """
@@ -157,10 +158,19 @@ def build_tiny_qwen3_5(
         cfg = tf.Qwen3_5MoeTextConfig(**text)
         cfg.architectures = ["Qwen3_5MoeForCausalLM"]
         model = tf.Qwen3_5MoeForCausalLM(cfg)
+    elif kind == "seq_cls":
+        # A discriminative reward model: the dense backbone with a one-output score head. The head is drawn
+        # with unit scale (HF's init uses initializer_range, 0.02) so that scores of different texts differ
+        # visibly in tests.
+        cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**{"num_labels": 1, **overrides}))
+        cfg.architectures = ["Qwen3_5ForSequenceClassification"]
+        model = tf.Qwen3_5ForSequenceClassification(cfg)
+        with torch.no_grad():
+            model.score.weight.normal_(0.0, 1.0)
     elif kind in ("vl", "vl_moe"):
         model = _tiny_vl_model(kind, moe_kw, overrides)
     else:
-        raise ValueError(f"unknown tiny model kind {kind!r}; expected dense, moe, vl or vl_moe")
+        raise ValueError(f"unknown tiny model kind {kind!r}; expected dense, moe, vl, vl_moe or seq_cls")
     model = model.to(dtype)
     model.eval()
     if path is not None:

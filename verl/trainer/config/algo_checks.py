@@ -66,13 +66,37 @@ def check_reward(c: Checker) -> None:
     if source == "importlib" and not c.get("reward.reward_manager.module.path"):
         c.fail("reward.reward_manager.module.path", "must name a Python file when reward_manager.source=importlib.")
     if c.flag("reward.reward_model.enable"):
-        c.fail("reward.reward_model.enable", "is true, but model-based rewards (a reward model scoring responses) "
-                                             "are not implemented in this project; score with a reward function "
-                                             "(reward.custom_reward_function.path) and set it to false.")
+        check_reward_model(c)
     legacy, current = c.get("custom_reward_function.path"), c.get("reward.custom_reward_function.path")
     if legacy and current and legacy != current:
         c.fail("custom_reward_function.path", f"({legacy!r}) conflicts with reward.custom_reward_function.path "
                                               f"({current!r}); keep only the latter.")
+
+
+def check_reward_model(c: Checker) -> None:
+    """reward.reward_model.enable=true: a discriminative (sequence-classification) reward model, colocated."""
+    rm = "reward.reward_model"
+    if not c.get(f"{rm}.model_path"):
+        c.fail(f"{rm}.model_path", "must name a sequence-classification checkpoint when reward.reward_model.enable "
+                                   "is true.")
+    if c.flag(f"{rm}.enable_resource_pool"):
+        c.fail(f"{rm}.enable_resource_pool", "is true, but a reward model on its own GPUs is not implemented here: "
+                                             "the reward model runs colocated with the policy; set it to false.")
+    name = c.get(f"{rm}.rollout.name")
+    if name not in ("hf", "vllm", "sglang"):
+        shown = "not set" if name in (None, UNSET) else f"{name!r}"
+        c.fail(f"{rm}.rollout.name", f"is {shown}; upstream requires it with a reward model (vllm or sglang): "
+                                     "set hf, vllm or sglang. Here the score comes from a forward pass of the "
+                                     "training engine whichever engine is named.")
+    if c.get("reward.custom_reward_function.path") or c.get("custom_reward_function.path"):
+        c.fail("reward.custom_reward_function.path",
+               "is set together with reward.reward_model.enable=true. Upstream then calls the custom function with "
+               "the address of a reward-model server (its route to generative reward models); this project has no "
+               "such server, so generative reward models are not implemented. Use a sequence-classification reward "
+               "model without a custom function, or a custom function without the reward model.")
+    if c.get("algorithm.adv_estimator") == "remax":
+        c.fail("algorithm.adv_estimator", "is remax with reward.reward_model.enable=true: the greedy baseline is "
+                                          "scored by the reward function only here; pick another estimator.")
 
 
 def check_key_status(c: Checker) -> None:

@@ -51,8 +51,8 @@ OPEN_DICT_PATTERNS: tuple[str, ...] = (
 # Legacy homes that upstream still accepts: the old spelling is rewritten to the new key (one deprecation
 # warning each) when the new key exists in the composed config. Matching is by prefix, so a whole subtree
 # moves. Where the new home is absent here (e.g. critic.fsdp under model_engine=megatron) the old key is
-# refused, naming the new one. Whether the feature then runs is validation's business
-# (reward.reward_model.enable=true is refused there: model-based rewards are not implemented).
+# refused, naming the new one. Whether the feature then runs is validation's business (e.g.
+# reward_model.enable=true becomes reward.reward_model.enable=true: a discriminative reward model).
 LEGACY_ALIASES: dict[str, str] = {
     "reward_model.reward_manager": "reward.reward_manager.name",
     "reward_model.reward_kwargs": "reward.reward_kwargs",

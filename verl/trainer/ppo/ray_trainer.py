@@ -97,6 +97,7 @@ class RayPPOTrainer:
         # Who generates: the actor's own workers when colocated; a separate pool's in the asynchronous modes.
         self.rollout_wg = worker_groups.get("rollout", self.actor_rollout_wg)
         self.critic_wg = worker_groups.get("critic")
+        self.rm_wg = worker_groups.get("reward_model")  # reward.reward_model.enable: a discriminative reward model
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
         self.train_dataset = train_dataset
@@ -217,6 +218,7 @@ class RayPPOTrainer:
             out = self._dp_call(self.rollout_wg.generate_sequences, gen)
             out.meta_info = {}
             batch = self._merge_generation(batch, out)
+            batch = self._rm_score(batch)
             reward, infos = compute_reward(batch, self.val_reward_fn)
             scores.extend(reward.sum(-1).tolist())
             for k, v in infos.items():
@@ -225,6 +227,13 @@ class RayPPOTrainer:
             uids.extend(batch.non_tensor_batch["uid"].tolist())
         infos = {"reward": scores, **{k: v for k, v in extra.items() if len(v) == len(scores)}}
         return flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
+
+    def _rm_score(self, batch: DataProto) -> DataProto:
+        """Adds ``rm_scores`` from the reward model (when enabled); the reward managers then return them as the
+        token-level scores, as upstream's do when a batch already holds reward-model scores."""
+        if self.rm_wg is None or "rm_scores" in batch.batch.keys():
+            return batch
+        return batch.union(self._dp_call(self.rm_wg.compute_rm_score, batch))
 
     @staticmethod
     def _merge_generation(batch: DataProto, gen_out: DataProto) -> DataProto:
@@ -346,6 +355,7 @@ class RayPPOTrainer:
         if "response_mask" not in batch.batch.keys():
             batch.batch["response_mask"] = compute_response_mask(batch)
         with marked_timer("reward", timing):
+            batch = self._rm_score(batch)
             scores, extra = compute_reward(batch, self.reward_fn)
             batch.batch["token_level_scores"] = scores
             for k, v in extra.items():

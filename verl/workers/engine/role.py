@@ -18,7 +18,8 @@ __all__ = ["ENGINE_ROLES", "EngineRole", "engine_role", "register_engine_role"]
 class EngineRole:
     name: str
     # "lm": the causal-LM head, outputs next-token ``log_probs`` (and ``entropy``); "value": a one-output value
-    # head in place of the LM head (fresh at load), outputs ``values``.
+    # head in place of the LM head (fresh at load), outputs ``values``; "score": a sequence-classification
+    # checkpoint's trained score head (a reward model), outputs its per-token scores as ``values``.
     head: str
     trainable: bool  # optimizer, scheduler and checkpoints
     model_section: str  # where the user sets this role's model (messages name it)
@@ -27,7 +28,7 @@ class EngineRole:
 
     @property
     def value_head(self) -> bool:
-        return self.head == "value"
+        return self.head in ("value", "score")
 
     @property
     def output(self) -> str:
@@ -58,6 +59,8 @@ for _role in (
     # its weights replaced by each sync from the trainer pool.
     EngineRole("rollout", "lm", False, "actor_rollout_ref.model", "actor_rollout_ref.actor"),
     EngineRole("critic", "value", True, "critic.model", "critic"),
+    # A discriminative reward model (reward.reward_model.*): frozen, scores every token with its score head.
+    EngineRole("reward_model", "score", False, "reward.reward_model.model_path", "reward.reward_model"),
     # SFT runs the actor's engine settings (its trainer maps its own keys onto them).
     EngineRole("sft", "lm", True, "actor_rollout_ref.model", "actor_rollout_ref.actor", lora=True),
 ):

@@ -115,16 +115,22 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
     # Master weights in fsdp_config.model_dtype (fp32 by default, as upstream); bf16 compute on accelerators
     # through the mixed-precision policy below. override_config entries are set on the HF config.
     dtype = torch_dtype(fsdp_cfg.get("model_dtype"), torch.float32, "fsdp_config.model_dtype")
-    model = load_hf_model(path, dtype=dtype, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
-                          declared_model_type=model_cfg.get("model_type"),
-                          config_overrides=model_cfg.get("override_config"))
+    if role_spec.head == "score":
+        from verl.workers.reward_model.score_model import load_score_model
+
+        model = load_score_model(path, dtype, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+                                 where=role_spec.model_section)
+    else:
+        model = load_hf_model(path, dtype=dtype, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+                              declared_model_type=model_cfg.get("model_type"),
+                              config_overrides=model_cfg.get("override_config"))
     from verl.models.moe_router import configure_moe_router
 
     configure_moe_router(model, model_cfg, role)  # MoE: router aux loss off in RL unless enable_router_aux_loss
     spec = get_model_spec(model.config)
     if bool(model_cfg.get("use_liger", False)):
         apply_liger(model)
-    if role_spec.value_head:
+    if role_spec.head == "value":
         from verl.workers.critic.value_model import ValueModel
 
         model = ValueModel(model).to(dtype)

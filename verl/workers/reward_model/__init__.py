@@ -1,0 +1,1 @@
+"""Model-based rewards (``reward.reward_model.*``): a discriminative reward model scoring (prompt, response)."""

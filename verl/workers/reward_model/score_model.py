@@ -1,0 +1,52 @@
+"""A discriminative reward model as the training engines see it: the backbone of a ``*ForSequenceClassification``
+checkpoint with its trained score head applied at every position.
+
+Hugging Face's sequence-classification forward pools the head's output at the last non-pad token of each row,
+which needs padded rows. The engines pack sequences (remove padding), so the head runs on every token here and
+the worker reads the score at each sequence's last token: the same number for the same token sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def load_score_model(path: str, dtype: torch.dtype, trust_remote_code: bool = False,
+                     where: str = "reward.reward_model.model_path") -> "ScoreModel":
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    archs = list(getattr(config, "architectures", None) or [])
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise ValueError(
+            f"{where}={path!r} is a {archs or 'checkpoint without architectures'}, not a sequence-classification "
+            "model: a discriminative reward model is a *ForSequenceClassification checkpoint (a score head over the "
+            "backbone). Generative reward models (a causal LM prompted to judge) are not implemented here.")
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+    return ScoreModel(model).to(dtype)
+
+
+class ScoreModel(torch.nn.Module):
+    def __init__(self, seq_cls: torch.nn.Module):
+        super().__init__()
+        self.config = seq_cls.config
+        prefix = getattr(seq_cls, "base_model_prefix", "model") or "model"
+        self.model = getattr(seq_cls, prefix)
+        self.score = seq_cls.score
+        self._no_split_modules = getattr(seq_cls, "_no_split_modules", None)
+
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def gradient_checkpointing_enable(self, **kwargs):
+        self.model.gradient_checkpointing_enable(**kwargs)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False, **kwargs):
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False, **kwargs)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        # The head in fp32 (as the critic's): under mixed precision a bf16 head would round every score. The last
+        # label is the score, as upstream reads a classify endpoint's last output.
+        logits = torch.nn.functional.linear(hidden.float(), self.score.weight.float(),
+                                            None if self.score.bias is None else self.score.bias.float())
+        return logits[..., -1]
