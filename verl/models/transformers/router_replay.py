@@ -58,7 +58,8 @@ class RouterTape:
 
     record: ``sink(li, indices)`` is called for MoE layer ``li`` (default sink: keep the latest indices per
     layer in ``recorded``; a recomputation under activation checkpointing overwrites with the same values).
-    replay: ``routes`` (T, n_moe_layers, k) must be set, T = the tokens of the forward in flattened order.
+    replay: ``routes`` (T, n_moe_layers, k) must be set, T = the tokens of the forward in flattened order (or
+    a tuple of such tensors for different T: each router takes the one whose T matches its input).
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -85,7 +86,9 @@ class RouterTape:
                     self.recorded[li] = indices.detach()
                 return None
             if self.mode == "replay":
-                routes = self.routes[:, li]
+                # several layouts may be given (the padded batch's real tokens, or all B*L of them: a forward
+                # that packs a padded batch itself routes only the real ones); the one with the router's count
+                routes = next((r for r in self.routes if r.shape[0] == indices.shape[0]), self.routes[0])[:, li]
                 if routes.shape != indices.shape:
                     raise ValueError(f"router replay: routes for {tuple(routes.shape)} (tokens, top_k) but the "
                                      f"router of MoE layer {li} saw {tuple(indices.shape)}")
@@ -111,8 +114,8 @@ class RouterTape:
             self.mode, self.sink = None, None
 
     @contextlib.contextmanager
-    def replaying(self, routes: torch.Tensor):
-        self.mode, self.routes = "replay", routes
+    def replaying(self, routes):
+        self.mode, self.routes = "replay", tuple(routes) if isinstance(routes, (tuple, list)) else (routes,)
         try:
             yield self
         finally:

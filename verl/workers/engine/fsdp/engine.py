@@ -284,18 +284,17 @@ class FSDPEngine(BaseEngine):
             return contextlib.nullcontext()
         return torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
 
-    def _flat_index(self, mb: dict) -> Optional[torch.Tensor]:
-        """Positions of the forward's tokens in the flattened (B*L) layout: the packed tokens (the index
-        ``pack_micro_batch`` takes input_ids with), or None when the forward runs the padded batch as is."""
-        if not self.use_remove_padding:
-            return None
+    @staticmethod
+    def _real_index(mb: dict) -> torch.Tensor:
+        """Positions of the real tokens in the flattened (B*L) layout: the index ``pack_micro_batch`` takes
+        input_ids with, and the one the patched Qwen3.5 forward packs a padded batch with."""
         return mb["attention_mask"].reshape(-1).nonzero(as_tuple=False).squeeze(-1)
 
     def _routing(self, mb: dict, outputs: tuple[str, ...]):
-        """Router replay around one forward: record (``routed_experts`` asked for: R2's old-log-prob pass) or
-        replay ``mb['routed_experts']`` (B, L, moe_layers, k) gathered by ``flat_index`` (the packed tokens'
-        positions in the flattened (B*L) layout; None: the unpacked forward's own B*L order), exactly the map
-        the engine packs input_ids with."""
+        """Router replay around one micro-batch's forward and backward: record (``routed_experts`` asked for:
+        R2's old-log-prob pass) or replay ``mb['routed_experts']`` (B, L, moe_layers, k), taken at the real
+        tokens exactly as input_ids are packed (or in the full B*L order, for a forward that routes padding).
+        """
         if self._tape is None:
             return contextlib.nullcontext()
         if "routed_experts" in outputs:
@@ -303,23 +302,23 @@ class FSDPEngine(BaseEngine):
         routes = mb.get("routed_experts")
         if routes is None:
             return contextlib.nullcontext()
-        flat_index = self._flat_index(mb)
-        routes = routes.reshape(-1, *routes.shape[2:])
-        if flat_index is not None:
-            routes = routes.index_select(0, flat_index)
-        return self._tape.replaying(routes)
+        flat = routes.reshape(-1, *routes.shape[2:])
+        return self._tape.replaying((flat.index_select(0, self._real_index(mb)), flat))
 
     def _recorded_routes(self, mb: dict) -> torch.Tensor:
         """The routes recorded in the last forward back in the padded (B, L, moe_layers, k) layout, -1 at
         padding."""
-        flat_index = self._flat_index(mb)
         rec = self._tape.stacked().to(torch.int16)
         bsz, seqlen = mb["input_ids"].shape
-        if flat_index is None:
-            rec = rec.masked_fill(~mb["attention_mask"].reshape(-1).bool()[:, None, None], -1)
-            return rec.view(bsz, seqlen, *rec.shape[1:])
+        real = self._real_index(mb)
         full = torch.full((bsz * seqlen, *rec.shape[1:]), -1, dtype=rec.dtype, device=rec.device)
-        full[flat_index] = rec
+        if rec.shape[0] == real.numel():
+            full[real] = rec
+        elif rec.shape[0] == bsz * seqlen:
+            full[real] = rec[real]
+        else:
+            raise RuntimeError(f"router replay: the routers saw {rec.shape[0]} tokens; the micro-batch has "
+                               f"{real.numel()} real tokens in {bsz} x {seqlen}")
         return full.view(bsz, seqlen, *rec.shape[1:])
 
     def _forward_micro_batch(self, mb: dict, temperature: float, outputs: tuple[str, ...]) -> dict:
