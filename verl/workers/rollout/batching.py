@@ -117,9 +117,9 @@ def routes_to_batch(prompt_mask: torch.Tensor, response_length: int, outputs) ->
         n_prompt = real.numel()
         r = o.routed_experts
         n_resp = min(len(o.token_ids), response_length)
-        if r.shape[0] < n_prompt + n_resp:
-            raise ValueError(f"router replay: {r.shape[0]} routed tokens for a {n_prompt}-token prompt and a "
-                             f"{n_resp}-token response")
+        if r.shape[0] - len(o.token_ids) != n_prompt:  # the engine's prompt must be the batch's prompt tokens
+            raise ValueError(f"router replay: {r.shape[0]} routed tokens for a {len(o.token_ids)}-token response "
+                             f"after a prompt of {n_prompt} tokens in the batch")
         out[i, real] = r[:n_prompt]
         out[i, plen : plen + n_resp] = r[n_prompt : n_prompt + n_resp]
     return out
