@@ -103,3 +103,22 @@ def test_batch_layout_follows_input_ids(moe):
         got = routes[i][real]
         assert torch.equal(got[:-1].sort(-1).values.long(), want[:-1].sort(-1).values)
         assert (got[-1] == -1).all() and (routes[i][~real] == -1).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_recording_inside_cuda_graph_decode():
+    """The decode step with recording captured as CUDA graphs (grouped_mm experts route on the device): the
+    routes still equal a plain HF forward's top-k (fp32 model, so the two paths agree on every choice)."""
+    model = build_tiny_qwen3_5(None, kind="moe", seed=0, with_tokenizer=False, initializer_range=0.3).to("cuda")
+    model.set_experts_implementation("grouped_mm")
+    g = torch.Generator().manual_seed(1)
+    ps = [torch.randint(30, 120, (n,), generator=g).tolist() for n in (5, 11, 3, 8, 6)]
+    ro = _rollout(model, max_num_seqs=4, enforce_eager=False)
+    outs = ro.generate([GenerationRequest(p) for p in ps], SamplingParams(n=2, temperature=1.0, max_tokens=9, seed=3))
+    assert ro.last_stats["cuda_graphs"] == 1 and ro.last_stats["graphs"] >= 1
+    for p, samples in zip(ps, outs):
+        for o in samples:
+            seq = p + o.token_ids
+            want = hf_topk(model, seq).cpu()
+            assert torch.equal(o.routed_experts[:-1].sort(-1).values.long(), want[:-1].sort(-1).values)
