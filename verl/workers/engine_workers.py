@@ -285,10 +285,17 @@ class ActorRolloutRefWorker(Worker):
     def compute_log_prob(self, data: DataProto) -> DataProto:
         self._log_prob_meta(data, "rollout")
         calc_entropy = bool(data.meta_info.get("calculate_entropy", True))
-        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=calc_entropy)
+        record = self.actor.router_replay_mode == "R2"  # R2 records here and replays in the update
+        if record and "routed_experts" in data.batch.keys():
+            raise ValueError("router_replay.mode=R2 and actor_rollout_ref.rollout.enable_rollout_routing_replay=true "
+                             "cannot both be on: the rollout's routes are for R3")
+        result = self.actor.compute_log_prob(data, calculate_entropy=calc_entropy, record_routes=record)
+        log_probs, entropys = result[0], result[1]
         tensors = {"old_log_probs": log_probs}
         if entropys is not None:
             tensors["entropys"] = entropys
+        if record:
+            tensors["routed_experts"] = result[2]
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

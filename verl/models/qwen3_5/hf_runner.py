@@ -16,6 +16,7 @@ DeltaNet conv and recurrent states and its attention keys/values.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass
@@ -140,6 +141,25 @@ class Qwen35Runner:
         # FSDP2's wrapper subclass (a wrap policy by size or class wraps the attention modules themselves).
         self._rotary = modeling_module(attn).apply_rotary_pos_emb
         self.recurrent_backend = recurrent_backend
+        self.tape = None  # RouterTape when the rollout records MoE routes (enable_rollout_routing_replay)
+        self.route_shape: Optional[tuple[int, int]] = None
+
+    def record_routes(self, tape) -> None:
+        """Have the forwards write each token's experts into ``cache.routes`` (see ``router_replay``)."""
+        self.tape, self.route_shape = tape, tape.shape
+
+    def _routes_to(self, cache: SlotCache, slot: torch.Tensor, pos: torch.Tensor, src: Optional[torch.Tensor]):
+        """A recording context whose sink scatters MoE layer ``li``'s indices of the forward's tokens ``src``
+        (all of them when None) to ``cache.routes[slot, pos, li]``: device-side index writes only, so the decode
+        step keeps no host sync and stays capturable."""
+        if self.tape is None or cache.routes is None:
+            return contextlib.nullcontext()
+
+        def sink(li: int, indices: torch.Tensor) -> None:
+            rows = indices if src is None else indices.index_select(0, src)
+            cache.routes[slot, pos, li] = rows.to(cache.routes.dtype)
+
+        return self.tape.recording(sink)
 
     @property
     def device(self) -> torch.device:
@@ -257,17 +277,18 @@ class Qwen35Runner:
 
         h = x
         n_attn = n_gdn = 0
-        for layer, kind in zip(self.layers, self.types):
-            r = layer.input_layernorm(h)
-            if kind == "linear_attention":
-                mixed = self._gdn_prefill(layer.linear_attn, r, cu, max_len, cache, n_gdn, slot_t, src_t)
-                n_gdn += 1
-            else:
-                mixed = self._attn_prefill(layer.self_attn, r, cos, sin, cu, max_len, cache, n_attn,
-                                           kv_slot, kv_pos, kv_src)
-                n_attn += 1
-            h = h + mixed
-            h = h + self._mlp(layer, h)
+        with self._routes_to(cache, kv_slot, kv_pos, kv_src):  # every prompt token, into each of its slots
+            for layer, kind in zip(self.layers, self.types):
+                r = layer.input_layernorm(h)
+                if kind == "linear_attention":
+                    mixed = self._gdn_prefill(layer.linear_attn, r, cu, max_len, cache, n_gdn, slot_t, src_t)
+                    n_gdn += 1
+                else:
+                    mixed = self._attn_prefill(layer.self_attn, r, cos, sin, cu, max_len, cache, n_attn,
+                                               kv_slot, kv_pos, kv_src)
+                    n_attn += 1
+                h = h + mixed
+                h = h + self._mlp(layer, h)
         last = self.text.norm(h[0, cu[1:].long() - 1])
         lengths = torch.tensor(lens, device=dev)
         deltas = torch.stack([p.max() + 1 - p.shape[-1] for p in positions])
@@ -317,6 +338,11 @@ class Qwen35Runner:
         h = self.text.embed_tokens(tokens)[:, None]
         rope = (pos + cache.rope_delta[:b])[None, :, None].expand(3, b, 1)
         cos, sin = self.text.rotary_emb(h, rope)
+        # the input token sits at position ``pos`` of its slot; its routes go there
+        with self._routes_to(cache, torch.arange(b, device=pos.device), pos, None):
+            return self._decode_layers(cache, b, h, cos, sin, pos)
+
+    def _decode_layers(self, cache, b, h, cos, sin, pos):
         kern = self.fused_kernels()
         if kern is not None:
             return self._decode_fused(cache, b, h, cos, sin, pos, kern)

@@ -384,3 +384,37 @@ def _check_tools_without_multi_turn(c: Checker, mt: str) -> None:
         if value not in (None, UNSET, ""):
             c.fail(key, f"is {value!r}, but {mt}.enable=false: tools are offered only by the multi-turn agent "
                         f"loop. Set `{mt}.enable=true` to use them, or set this key to null.")
+
+
+def check_router_replay(c: Checker) -> None:
+    """MoE router replay: actor.fsdp_config.router_replay.mode (the FSDP twin of upstream's
+    megatron.router_replay.mode; the megatron keys are default-only, key_status.txt) and
+    rollout.enable_rollout_routing_replay."""
+    a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    mode_key = f"{a}.fsdp_config.router_replay.mode"
+    # megatron configs have no fsdp_config: their router_replay keys are default-only (key_status.txt)
+    mode = c.choice(mode_key, ("disabled", "R2", "R3")) if c.get(mode_key) is not None else None
+    record = c.flag(f"{r}.enable_rollout_routing_replay")
+    if record:
+        if c.get(f"{r}.name") != "hf":
+            c.fail(f"{r}.enable_rollout_routing_replay", f"=true is implemented for rollout.name=hf only (the "
+                                                         f"built-in engine records the routes), not {c.get(f'{r}.name')!r}.")
+        if c.flag(f"{r}.multi_turn.enable"):
+            c.fail(f"{r}.enable_rollout_routing_replay", "=true with multi_turn.enable=true is not implemented (the "
+                                                         "agent loop does not carry routes).")
+    if mode in (None, "disabled"):
+        return
+    if c.get(f"{a}.strategy") not in ("fsdp", "fsdp2"):
+        c.fail(mode_key, f"={mode} needs actor.strategy fsdp/fsdp2 (megatron router replay is not implemented).")
+    if mode == "R3" and not record:
+        c.fail(mode_key, f"=R3 replays the rollout's routes: set {r}.enable_rollout_routing_replay=true.")
+    if mode == "R2":
+        if record:
+            c.fail(mode_key, f"=R2 records routes in the old-log-prob pass; {r}.enable_rollout_routing_replay=true "
+                             "is for R3 (upstream refuses both together too).")
+        if c.flag("algorithm.rollout_correction.bypass_mode"):
+            c.fail(mode_key, "=R2 records in the old-log-prob pass, which algorithm.rollout_correction."
+                             "bypass_mode=true skips.")
+    sp = c.get(f"{a}.ulysses_sequence_parallel_size") or c.get(f"{a}.fsdp_config.ulysses_sequence_parallel_size")
+    if isinstance(sp, int) and sp > 1:
+        c.fail(mode_key, f"={mode} with ulysses_sequence_parallel_size > 1 is not implemented.")

@@ -51,6 +51,7 @@ def validate_config(cfg: DictConfig) -> None:
     role_checks.check_actor(c, world)
     role_checks.check_ref(c, world)
     role_checks.check_rollout(c, world)
+    role_checks.check_router_replay(c)
     role_checks.check_critic(c, world)
     algo_checks.check_megatron(c)
     algo_checks.check_reward(c)

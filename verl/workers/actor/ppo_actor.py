@@ -75,20 +75,33 @@ class PPOActor:
         self.config = config
         self.engine = engine
 
+    @property
+    def router_replay_mode(self) -> str:
+        return getattr(self.engine, "router_replay_mode", "disabled")
+
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False, record_routes: bool = False):
         """Per-token log-probs (and entropies) of ``data``'s responses under the current weights, (B, R) on CPU.
 
         ``data.meta_info`` carries ``temperature`` and the micro-batching (``micro_batch_size`` or
-        ``use_dynamic_bsz`` + ``max_token_len``)."""
+        ``use_dynamic_bsz`` + ``max_token_len``). ``record_routes`` (router replay R2): also return the experts
+        the forward routed every token to, (B, L, moe_layers, top_k) like ``input_ids``; otherwise a batch's
+        ``routed_experts`` (R3: the rollout's) are replayed when the engine's router_replay mode is on."""
         response_length = data.batch["responses"].size(-1)
         non_tensor = ["multi_modal_inputs"] if "multi_modal_inputs" in data.non_tensor_batch else []
-        view = data.select(batch_keys=list(_LOG_PROB_KEYS), non_tensor_batch_keys=non_tensor)
+        keys = list(_LOG_PROB_KEYS)
+        if not record_routes and self.router_replay_mode != "disabled" and "routed_experts" in data.batch.keys():
+            keys.append("routed_experts")
+        view = data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor)
         view.meta_info = dict(data.meta_info)
         outputs = ("log_probs", "entropy") if calculate_entropy else ("log_probs",)
+        if record_routes:
+            outputs = outputs + ("routed_experts",)
         out = self.engine.infer_batch(view, outputs=outputs)
         log_probs = response_slice(out["log_probs"], response_length)
         entropy = response_slice(out["entropy"], response_length) if calculate_entropy else None
+        if record_routes:
+            return log_probs, entropy, out["routed_experts"]
         return log_probs, entropy
 
     def update_policy(self, data: DataProto) -> dict[str, Any]:
@@ -101,6 +114,14 @@ class PPOActor:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
+        if self.router_replay_mode != "disabled":
+            # R2: recorded by the old-log-prob pass; R3: recorded by the rollout. Either way the update's
+            # forwards route every token as that pass did.
+            if "routed_experts" not in data.batch.keys():
+                raise ValueError(f"router_replay.mode={self.router_replay_mode} but the batch has no routed_experts "
+                                 "(R3 needs actor_rollout_ref.rollout.enable_rollout_routing_replay=true; R2 records "
+                                 "them in the old-log-prob pass, which bypass mode skips)")
+            keys.append("routed_experts")
         non_tensor = ["multi_modal_inputs"] if "multi_modal_inputs" in data.non_tensor_batch else []
         meta = {"temperature": data.meta_info["temperature"],
                 "micro_batch_size": cfg.get("ppo_micro_batch_size_per_gpu"),

@@ -42,6 +42,9 @@ class GenerationOutput:
     token_ids: list[int]
     log_probs: Optional[list[float]] = None
     finish_reason: str = "length"  # "stop" (EOS or stop id), "length" (max_tokens) or "abort"
+    # rollout.enable_rollout_routing_replay: (prompt + response tokens, moe_layers, top_k) expert ids; -1 where
+    # the engine did not route the token (the last response token)
+    routed_experts: Optional[Any] = None
 
 
 @dataclass

@@ -94,8 +94,35 @@ def outputs_to_batch(prompts: DataProto, outputs, response_length: int, pad_toke
     }
     if with_logprobs:
         batch["rollout_log_probs"] = rollout_lp
+    routes = routes_to_batch(prompt_mask, response_length, [outs[0] for outs in outputs])
+    if routes is not None:
+        batch["routed_experts"] = routes
     return DataProto.from_dict(tensors=batch, non_tensors={"finish_reasons": np.array(finish, dtype=object)},
                                meta_info=dict(prompts.meta_info))
+
+
+def routes_to_batch(prompt_mask: torch.Tensor, response_length: int, outputs) -> "torch.Tensor | None":
+    """The engine's per-sequence routes (prompt + response tokens, moe_layers, top_k) laid out like
+    ``input_ids`` (left-padded prompt, right-padded response): (B, P + R, moe_layers, top_k), upstream's
+    ``routed_experts``; -1 at padding (the trainer's router keeps its own top-k there)."""
+    if not outputs or all(o.routed_experts is None for o in outputs):
+        return None
+    if any(o.routed_experts is None for o in outputs):
+        raise ValueError("router replay: some rollout outputs carry routed_experts and some do not")
+    first = outputs[0].routed_experts
+    bsz, plen = prompt_mask.shape
+    out = torch.full((bsz, plen + response_length, *first.shape[1:]), -1, dtype=first.dtype)
+    for i, o in enumerate(outputs):
+        real = prompt_mask[i].bool().nonzero().squeeze(-1)  # the prompt's token positions (left padding)
+        n_prompt = real.numel()
+        r = o.routed_experts
+        n_resp = min(len(o.token_ids), response_length)
+        if r.shape[0] - len(o.token_ids) != n_prompt:  # the engine's prompt must be the batch's prompt tokens
+            raise ValueError(f"router replay: {r.shape[0]} routed tokens for a {len(o.token_ids)}-token response "
+                             f"after a prompt of {n_prompt} tokens in the batch")
+        out[i, real] = r[:n_prompt]
+        out[i, plen : plen + n_resp] = r[n_prompt : n_prompt + n_resp]
+    return out
 
 
 def generate_sequences(engine: BaseRollout, prompts: DataProto, rollout_cfg, eos_ids: list[int],

@@ -119,6 +119,10 @@ class FSDPEngine(BaseEngine):
         # Offloading activations only pays where there is a backward pass.
         self.activation_offload = (bool(cfg_get(model_config, "enable_activation_offload", False))
                                    and self.role_spec.trainable)
+        # fsdp_config.router_replay.mode (the twin of upstream's megatron.router_replay.mode): disabled, R2, R3
+        self.router_replay_mode = str(cfg_get(cfg_get(engine_config, "router_replay", None) or {}, "mode",
+                                              "disabled") or "disabled")
+        self._tape = None
 
     # ------------------------------------------------------------------------------------ life cycle
     def initialize(self) -> None:
@@ -150,6 +154,16 @@ class FSDPEngine(BaseEngine):
         # Follows how the module was patched (a LoRA reference shares the actor's patched forward).
         self.use_fused_kernels = self.built.use_fused_kernels
         self._entropy_fn = self._make_entropy_fn()
+        if self.router_replay_mode != "disabled":
+            if self.sp_size > 1:
+                raise ValueError("fsdp_config.router_replay.mode with ulysses_sequence_parallel_size > 1 is not "
+                                 "implemented (the routes would need the same sequence-parallel slicing)")
+            from verl.models.transformers.router_replay import RouterTape
+
+            self._tape = RouterTape(self._module)
+            if self._tape.shape is None:
+                raise ValueError(f"fsdp_config.router_replay.mode={self.router_replay_mode} needs a MoE model with "
+                                 "top-k routers; this model has none")
 
     def _make_entropy_fn(self):
         """Entropy from logits, chunked and/or ``torch.compile``d as ``fsdp_config`` says (upstream's
@@ -232,19 +246,24 @@ class FSDPEngine(BaseEngine):
                                            meta.get("max_token_len"), self.sp_size, self.device,
                                            with_mm=self.role_spec.multimodal, budget_key=meta.get("max_token_len_key"))
         collected: dict[str, list[torch.Tensor]] = {k: [] for k in outputs}
+        if "routed_experts" in outputs and self._tape is None:
+            raise ValueError("routed_experts requested from an engine without router_replay.mode")
         per_micro: list[dict] = []
         with ulysses_group(self.sp_group), self._adapter_context():
             for mb in micro:
-                with self._activation_offload(train):
-                    out = self._forward_micro_batch(mb, temperature, outputs)
-                if loss_fn is not None:
-                    mb["global_batch_info"] = global_info
-                    loss, metrics = loss_fn(out, mb)
-                    if train:
-                        loss.backward()
-                    per_micro.append(metrics)
+                # The routing context spans backward too: activation checkpointing re-runs the routers there.
+                with self._routing(mb, outputs):
+                    with self._activation_offload(train):
+                        out = self._forward_micro_batch(mb, temperature, outputs)
+                    if loss_fn is not None:
+                        mb["global_batch_info"] = global_info
+                        loss, metrics = loss_fn(out, mb)
+                        if train:
+                            loss.backward()
+                        per_micro.append(metrics)
                 for k in outputs:
-                    collected[k].append(out[k].detach().float().cpu())
+                    v = out[k].detach()
+                    collected[k].append(v.cpu() if k == "routed_experts" else v.float().cpu())
         result = {k: torch.cat(v, dim=0) for k, v in collected.items() if v}
         if order is not None:
             from verl.utils.seqlen_balancing import get_reverse_idx
@@ -265,6 +284,43 @@ class FSDPEngine(BaseEngine):
             return contextlib.nullcontext()
         return torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
 
+    @staticmethod
+    def _real_index(mb: dict) -> torch.Tensor:
+        """Positions of the real tokens in the flattened (B*L) layout: the index ``pack_micro_batch`` takes
+        input_ids with, and the one the patched Qwen3.5 forward packs a padded batch with."""
+        return mb["attention_mask"].reshape(-1).nonzero(as_tuple=False).squeeze(-1)
+
+    def _routing(self, mb: dict, outputs: tuple[str, ...]):
+        """Router replay around one micro-batch's forward and backward: record (``routed_experts`` asked for:
+        R2's old-log-prob pass) or replay ``mb['routed_experts']`` (B, L, moe_layers, k), taken at the real
+        tokens exactly as input_ids are packed (or in the full B*L order, for a forward that routes padding).
+        """
+        if self._tape is None:
+            return contextlib.nullcontext()
+        if "routed_experts" in outputs:
+            return self._tape.recording()
+        routes = mb.get("routed_experts")
+        if routes is None:
+            return contextlib.nullcontext()
+        flat = routes.reshape(-1, *routes.shape[2:])
+        return self._tape.replaying((flat.index_select(0, self._real_index(mb)), flat))
+
+    def _recorded_routes(self, mb: dict) -> torch.Tensor:
+        """The routes recorded in the last forward back in the padded (B, L, moe_layers, k) layout, -1 at
+        padding."""
+        rec = self._tape.stacked().to(torch.int16)
+        bsz, seqlen = mb["input_ids"].shape
+        real = self._real_index(mb)
+        full = torch.full((bsz * seqlen, *rec.shape[1:]), -1, dtype=rec.dtype, device=rec.device)
+        if rec.shape[0] == real.numel():
+            full[real] = rec
+        elif rec.shape[0] == bsz * seqlen:
+            full[real] = rec[real]
+        else:
+            raise RuntimeError(f"router replay: the routers saw {rec.shape[0]} tokens; the micro-batch has "
+                               f"{real.numel()} real tokens in {bsz} x {seqlen}")
+        return full.view(bsz, seqlen, *rec.shape[1:])
+
     def _forward_micro_batch(self, mb: dict, temperature: float, outputs: tuple[str, ...]) -> dict:
         """Model outputs for one micro-batch in the padded (B, L) layout, next-token aligned."""
         want_entropy = "entropy" in outputs
@@ -276,7 +332,10 @@ class FSDPEngine(BaseEngine):
             if self.role_spec.value_head:
                 return {"values": unpack_to_padded(out, packed)}
             stats = self._token_stats(out, packed.labels, temperature, want_entropy)
-            return {k: unpack_to_padded(v, packed) for k, v in stats.items()}
+            stats = {k: unpack_to_padded(v, packed) for k, v in stats.items()}
+            if "routed_experts" in outputs:
+                stats["routed_experts"] = self._recorded_routes(mb)
+            return stats
         position_ids = mb["position_ids"]
         if position_ids.dim() == 3:  # mRoPE (B, C, L) -> (C, B, L), the layout Qwen-VL models take
             position_ids = position_ids.transpose(0, 1)
@@ -285,7 +344,10 @@ class FSDPEngine(BaseEngine):
         if self.role_spec.value_head:
             return {"values": out}
         labels = torch.roll(mb["input_ids"], shifts=-1, dims=-1)
-        return self._token_stats(out, labels, temperature, want_entropy)
+        stats = self._token_stats(out, labels, temperature, want_entropy)
+        if "routed_experts" in outputs:
+            stats["routed_experts"] = self._recorded_routes(mb)
+        return stats
 
     def _fused_kwargs(self, temperature: float) -> dict:
         return {"temperature": temperature, "return_dict": True} if self.use_fused_kernels else {}

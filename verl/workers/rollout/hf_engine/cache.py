@@ -13,6 +13,7 @@ CUDA graph reads and writes in place):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -57,7 +58,7 @@ class SlotCache:
     """Model state and per-slot rows for ``slots`` sequences of up to ``max_len`` tokens each."""
 
     def __init__(self, shape: CacheShape, slots: int, max_len: int, max_new: int, device, dtype,
-                 state_dtype=torch.float32):
+                 state_dtype=torch.float32, routes: Optional[tuple[int, int]] = None):
         self.shape, self.slots, self.max_len, self.max_new = shape, slots, max_len, max_new
         z = dict(device=device)
         self.kv = torch.zeros(shape.n_attn, 2, slots, shape.kv_heads, max_len, shape.head_dim, dtype=dtype, **z)
@@ -73,9 +74,16 @@ class SlotCache:
         self.done = torch.ones(slots, dtype=torch.bool, **z)
         self.out_tokens = torch.zeros(slots, max_new, dtype=torch.long, **z)
         self.out_logprobs = torch.zeros(slots, max_new, dtype=torch.float32, **z)
+        # Router replay (rollout.enable_rollout_routing_replay): the experts each cached token was routed to,
+        # (slots, max_len, moe_layers, top_k), written by the forwards on the device; -1 = not routed.
+        self.routes = None
+        if routes is not None:
+            self.routes = torch.full((slots, max_len, *routes), -1, dtype=torch.int16, **z)
 
     def _tensors(self):
         big = [(self.kv, 2), (self.conv, 1), (self.rec, 1)]
+        if self.routes is not None:
+            big.append((self.routes, 0))
         rows = [self.tokens, self.lengths, self.rope_delta, self.keys, self.steps, self.limit, self.done,
                 self.out_tokens, self.out_logprobs]
         return big, rows

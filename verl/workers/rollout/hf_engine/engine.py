@@ -40,6 +40,9 @@ class SeqResult:
     tokens: list[int]
     log_probs: list[float]
     finish_reason: str
+    # (prompt + response tokens, moe_layers, top_k) experts the forwards routed each token to (router replay);
+    # the last response token was never fed to the model, so its row is -1
+    routes: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -53,6 +56,7 @@ class EngineOptions:
     admit_fraction: float = 0.125  # refill once this fraction of the slots (or all that wait) is free
     state_dtype: torch.dtype = torch.float32
     gpu_memory_utilization: Optional[float] = None  # cap on (memory in use + slot cache) / device memory
+    record_routes: bool = False  # keep every token's MoE routes (runner.route_shape) in the slot cache
     stats: dict = field(default_factory=dict)
 
 
@@ -145,8 +149,12 @@ class DecodeEngine:
         max_len = max(len(s.prompt.ids) for s in seqs) + max(s.max_new for s in seqs)
         max_new = max(s.max_new for s in seqs)
         capacity = self._fit_memory(capacity, max_len)
+        routes = getattr(runner, "route_shape", None) if opt.record_routes else None
+        if opt.record_routes and routes is None:
+            raise ValueError("rollout.enable_rollout_routing_replay=true needs a MoE model whose runner records "
+                             "routes (this model has no top-k router)")
         self.cache = SlotCache(runner.shape, capacity, max_len, max_new, runner.device, runner.dtype,
-                               opt.state_dtype)
+                               opt.state_dtype, routes=routes)
         try:
             graphs = opt.use_cuda_graph and runner.device.type == "cuda"
             if graphs and runner.syncs_host:
@@ -278,11 +286,17 @@ class DecodeEngine:
         n = c.steps[idx].tolist()
         toks = c.out_tokens[idx].tolist()
         lps = c.out_logprobs[idx].tolist()
+        routes = c.routes[idx].cpu() if c.routes is not None else None  # one copy per retirement, not per step
         for j, slot in enumerate(fin):
             k = n[j]
             out = toks[j][:k]
             reason = "stop" if out and out[-1] in self.stop_set else "length"
-            results[running[slot]] = SeqResult(out, lps[j][:k], reason)
+            seq_routes = None
+            if routes is not None:
+                total = len(seqs[running[slot]].prompt.ids) + k
+                seq_routes = routes[j, :total].clone()
+                seq_routes[total - 1] = -1  # the last sampled token was never an input (see SeqResult)
+            results[running[slot]] = SeqResult(out, lps[j][:k], reason, seq_routes)
         keep = [slot for slot, d in enumerate(done) if not d]
         moves = [(src, dst) for dst, src in enumerate(keep) if src != dst]
         if moves:

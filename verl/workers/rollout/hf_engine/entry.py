@@ -119,16 +119,28 @@ def generate_with_engine(rollout, requests: list[GenerationRequest], params: Sam
     seqs, owner = build_sequences(requests, params, module.config, seed)
     sampler = SamplerConfig(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                             suppress_ids=tuple(vision_placeholder_ids(module.config)))
+    opt.record_routes = bool(rollout.config.get("enable_rollout_routing_replay", False))
+    tape = None
     with unsharded(module):
         was_training = module.training
         module.eval()
         try:
             runner = runner_class(module.config)(module, backend)
+            if opt.record_routes:
+                from verl.models.transformers.router_replay import RouterTape
+
+                tape = RouterTape(module)
+                if not hasattr(runner, "record_routes") or tape.shape is None:
+                    raise ValueError("actor_rollout_ref.rollout.enable_rollout_routing_replay=true needs a MoE model "
+                                     "(top-k routers) with a decode runner that records routes")
+                runner.record_routes(tape)
             engine = DecodeEngine(runner, sampler, list(params.stop_token_ids), opt)
             results = engine.run(seqs)
         finally:
             module.train(was_training)
-            engine = runner = None  # the KV cache and CUDA-graph pools die with them
+            if tape is not None:
+                tape.remove()
+            engine = runner = tape = None  # the KV cache and CUDA-graph pools die with them
     # Hand the rollout's cache back to the driver, not just to torch's allocator: the phases that follow (the
     # actor update at 9B) need it, and Triton's kernel loads and autotuning allocate outside that allocator.
     get_torch_device().empty_cache()
@@ -136,5 +148,5 @@ def generate_with_engine(rollout, requests: list[GenerationRequest], params: Sam
     outputs: list[list[GenerationOutput]] = [[] for _ in requests]
     for r, res in zip(owner, results):
         outputs[r].append(GenerationOutput(token_ids=res.tokens, log_probs=res.log_probs if params.logprobs else None,
-                                           finish_reason=res.finish_reason))
+                                           finish_reason=res.finish_reason, routed_experts=res.routes))
     return outputs
