@@ -130,9 +130,11 @@ def test_checkpoint_without_mtp_layers_is_an_error(gloo, tmp_path):
         make_engine(cfg.actor, cfg.model, role="actor")
 
 
-@pytest.mark.parametrize("rmpad", [True, False])
-def test_mtp_loss_matches_per_sequence_reference(gloo, mtp_dir, rmpad):
+@pytest.mark.parametrize("rmpad, gc", [(True, False), (False, False), (True, True)])
+def test_mtp_loss_matches_per_sequence_reference(gloo, mtp_dir, rmpad, gc):
     cfg = mtp_cfg(mtp_dir, extra=[f"actor_rollout_ref.model.use_remove_padding={rmpad}"])
+    with open_dict(cfg.model):  # gradient checkpointing re-runs the layers in backward: the hooks must not
+        cfg.model.enable_gradient_checkpointing = gc
     engine = make_engine(sgd(cfg.actor, lr=0.0), cfg.model, role="actor")
     assert engine.use_remove_padding == rmpad
     batch = sft_batch()
