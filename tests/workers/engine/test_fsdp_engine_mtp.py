@@ -154,7 +154,7 @@ def _deltas(model_dir, batch, **kw):
     return metrics, {k: after[k] - before[k] for k in before}
 
 
-def test_gradients_reach_the_mtp_head_and_detach_encoder_isolates_it(gloo, mtp_dir):
+def test_gradients_reach_the_mtp_head(gloo, mtp_dir):
     batch = sft_batch()
     off_metrics, off = _deltas(mtp_dir, batch, train=False)
     assert not any(k.startswith("mtp_losses/") for k in off_metrics)
@@ -167,6 +167,13 @@ def test_gradients_reach_the_mtp_head_and_detach_encoder_isolates_it(gloo, mtp_d
     base = [k for k in off if not k.startswith("mtp.")]
     # Without detach_encoder the MTP loss also trains the main model (through its hidden states).
     assert any(not torch.allclose(on[k], off[k], atol=1e-9) for k in base)
+
+
+def test_detach_encoder_isolates_the_head_and_the_factor_scales_it(gloo, mtp_dir):
+    batch = sft_batch()
+    _, off = _deltas(mtp_dir, batch, train=False)
+    _, on = _deltas(mtp_dir, batch, train=True)
+    base = [k for k in off if not k.startswith("mtp.")]
     _, detached = _deltas(mtp_dir, batch, train=True, detach=True)
     for k in base:  # detach_encoder: the main model sees exactly the base loss's gradient
         torch.testing.assert_close(detached[k], off[k], atol=1e-7, rtol=1e-5)
