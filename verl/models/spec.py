@@ -80,6 +80,10 @@ class ModelSpec:
     # elsewhere: FSDP2 wraps a module in a subclass created in torch's FSDP package. None: the module of the
     # model's own (unwrapped) class (:func:`verl.models.transformers.patching.modeling_module`).
     hf_modeling: Optional[str] = None
+    # Multi-token prediction (upstream's ``model.mtp``): a class with ``attach(model, path, key)`` (load the
+    # checkpoint's MTP head onto the HF model) and ``runner(model, detach_encoder)`` (the object that computes
+    # the MTP loss during the forward); None: the architecture has no MTP support here.
+    mtp: Optional[str] = None
 
     def resolve(self, field_name: str):
         """Import a dotted-path field (``patches``, ``weight_sync_layout``, ``flops_fn`` ...); None stays None."""

@@ -113,6 +113,9 @@ def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
         problems.append(f"`{key}` with `engine=megatron`: LoRA SFT runs on the FSDP engine only; use "
                         "`engine=fsdp` for LoRA, or `model.lora_rank=0` (and no `model.lora_adapter_path`) "
                         "for full fine-tuning on Megatron")
+    from verl.trainer.config.mtp_section import mtp_problems
+
+    problems.extend(mtp_problems(lambda key: OmegaConf.select(cfg, key), "model", strategy))
     if strategy == "megatron" and cfg.model.get("enable_router_aux_loss"):
         problems.append("`model.enable_router_aux_loss=true` with `engine=megatron`: the MoE load-balancing loss "
                         "is built on the FSDP engine only (Megatron's router trains without it); use `engine=fsdp`")

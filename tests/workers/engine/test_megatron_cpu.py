@@ -147,6 +147,12 @@ def test_router_aux_loss_is_refused_on_megatron(qwen35_dir):
                in p for p in problems), problems
 
 
+def test_mtp_is_refused_on_megatron(qwen35_dir):
+    problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}",
+                                           "actor_rollout_ref.model.mtp.enable=true"])
+    assert any("`actor_rollout_ref.model.mtp.enable=true` with strategy=megatron" in p for p in problems), problems
+
+
 def test_mbridge_config_is_refused(qwen35_dir):
     from omegaconf import OmegaConf
 

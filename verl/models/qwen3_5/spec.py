@@ -47,6 +47,7 @@ def qwen3_5_spec(arch: str, family: str, is_vl: bool, is_moe: bool, text_class: 
         kernels=f"{_PKG}.kernels.kernel_choices",
         vllm_registration=f"{_PKG}.vllm_arch.register_text_architectures",
         hf_modeling=f"transformers.models.{family}.modeling_{family}",
+        mtp=f"{_PKG}.mtp.Qwen35MTPSupport",
     )
 
 

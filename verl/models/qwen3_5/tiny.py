@@ -143,6 +143,10 @@ def build_tiny_qwen3_5(
     (Qwen3_5ForSequenceClassification with one label: a reward model).
     Returns the model; with ``path`` the checkpoint (and tokenizer; for VL kinds also the processor, see
     :func:`build_tiny_vl_processor`) are written there.
+
+    ``mtp_num_hidden_layers=N`` (N >= 1) also builds a random multi-token-prediction head of N layers, attached
+    as ``model.mtp`` so that the checkpoint holds its ``mtp.*`` tensors as released Qwen3.5 checkpoints do (see
+    :mod:`verl.models.qwen3_5.mtp`); the config records ``mtp_num_hidden_layers``.
     """
     import transformers as tf
 
@@ -171,6 +175,17 @@ def build_tiny_qwen3_5(
         model = _tiny_vl_model(kind, moe_kw, overrides)
     else:
         raise ValueError(f"unknown tiny model kind {kind!r}; expected dense, moe, vl, vl_moe or seq_cls")
+    if int(overrides.get("mtp_num_hidden_layers", 0) or 0) > 0:
+        from verl.models.qwen3_5.mtp import Qwen3_5MTP, _text_model
+        from verl.models.transformers.patching import modeling_module
+
+        text_model = _text_model(model)
+        model.add_module("mtp", Qwen3_5MTP(text_model.config, modeling_module(text_model)))
+        # The RMSNorms start at zero (unit gain); random gains make a test notice a norm loaded from the wrong key.
+        with torch.no_grad():
+            for name, p in model.mtp.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.1)
     model = model.to(dtype)
     model.eval()
     if path is not None:

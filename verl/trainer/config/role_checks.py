@@ -71,6 +71,10 @@ def check_model(c: Checker, prefix: str) -> None:
     if rank:
         c.number(f"{prefix}.lora_alpha", low=0, low_open=True)
     c.choice(f"{prefix}.fused_kernel_options.impl_backend", ("torch", "triton"))
+    from .mtp_section import mtp_problems
+
+    role = "critic" if prefix.startswith("critic.") else "actor_rollout_ref.actor"
+    c.problems.extend(mtp_problems(c.get, prefix, c.get(f"{role}.strategy"), value_model=role == "critic"))
 
 
 def check_optim(c: Checker, prefix: str, strategy: Optional[str]) -> None:

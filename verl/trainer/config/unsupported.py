@@ -26,8 +26,6 @@ FEATURE_KEY_PATTERNS: dict[str, str] = {
     "transfer_queue": "the TransferQueue data plane",
     "transfer_queue.*": "the TransferQueue data plane",
     "trainer.v1.*": "the v1 (fully asynchronous) trainer",
-    "*.mtp": "multi-token-prediction (MTP) training",
-    "*.mtp.*": "multi-token-prediction (MTP) training",
     "*.qat": "quantization-aware training (QAT)",
     "*.qat.*": "quantization-aware training (QAT)",
 }

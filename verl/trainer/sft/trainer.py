@@ -226,7 +226,9 @@ class SFTTrainer:
         nll, count = self._all_sum(*self._nll(result["outputs"], data))
         seconds = time.perf_counter() - t0
         tokens = sum(int(r["attention_mask"].sum()) for r in rows)
-        metrics = {f"train/{k}": v for k, v in (result.get("metrics") or {}).items()}
+        # Upstream's SFT trainer logs the engine's MTP losses under their own name (mtp_losses/mtp_1_loss).
+        metrics = {(k if k.startswith("mtp_losses/") else f"train/{k}"): v
+                   for k, v in (result.get("metrics") or {}).items()}
         metrics.update({"train/loss": nll / max(count, 1.0), "train/grad_norm": float(grad_norm), "train/lr": float(lr),
                         "train/global_tokens": tokens, "train/tokens_per_second": tokens / max(seconds, 1e-9),
                         "train/step_time(s)": seconds})

@@ -136,5 +136,7 @@ class PPOActor:
                 mini.meta_info = dict(meta)
                 step = self.engine.train_batch(mini, loss_fn, outputs=outputs)
                 step["actor/grad_norm"] = step.pop("grad_norm")
+                for key in [k for k in step if k.startswith("mtp_losses/")]:
+                    step["actor/" + key] = step.pop(key)  # upstream's trainer prefixes the actor's metrics
                 append_to_dict(metrics, step)
         return metrics

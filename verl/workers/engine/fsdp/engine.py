@@ -150,6 +150,10 @@ class FSDPEngine(BaseEngine):
                 self.checkpoint_manager = FSDPCheckpointManager(
                     self._module, self.optimizer, self.lr_scheduler, processing_class=self.processing_class,
                     checkpoint_config=self.checkpoint_config)
+        mtp = self.built.info.get("mtp") or {}
+        # The MTP head is loaded (and saved) with mtp.enable; its loss is added only with mtp.enable_train.
+        self.mtp_runner = mtp.get("runner") if mtp.get("train") else None
+        self.mtp_scale = float(mtp.get("scale", 0.1))
         self.use_remove_padding = self.built.use_remove_padding
         # Follows how the module was patched (a LoRA reference shares the actor's patched forward).
         self.use_fused_kernels = self.built.use_fused_kernels
@@ -249,15 +253,19 @@ class FSDPEngine(BaseEngine):
         if "routed_experts" in outputs and self._tape is None:
             raise ValueError("routed_experts requested from an engine without router_replay.mode")
         per_micro: list[dict] = []
+        mtp = self.mtp_runner if train else None
+        mtp_totals = [0.0, 0.0] * (mtp.head.num_layers if mtp is not None else 0)
         with ulysses_group(self.sp_group), self._adapter_context():
             for mb in micro:
                 # The routing context spans backward too: activation checkpointing re-runs the routers there.
                 with self._routing(mb, outputs):
-                    with self._activation_offload(train):
+                    with self._activation_offload(train), self._mtp_armed(mtp, mb) as pending:
                         out = self._forward_micro_batch(mb, temperature, outputs)
                     if loss_fn is not None:
                         mb["global_batch_info"] = global_info
                         loss, metrics = loss_fn(out, mb)
+                        if pending is not None:
+                            loss = loss + self._mtp_loss(pending, global_info, mtp_totals)
                         if train:
                             loss.backward()
                         per_micro.append(metrics)
@@ -270,7 +278,44 @@ class FSDPEngine(BaseEngine):
 
             rev = torch.tensor(get_reverse_idx(order), dtype=torch.long)
             result = {k: v[rev] for k, v in result.items()}
-        return {"outputs": result, "metrics": accumulate_metrics(per_micro, getattr(loss_fn, "summed_metrics", ()))}
+        metrics = accumulate_metrics(per_micro, getattr(loss_fn, "summed_metrics", ()))
+        for k in range(len(mtp_totals) // 2):
+            # Upstream's metric name (Megatron's "mtp_1 loss" under mtp_losses/): the token-mean CE of depth k+1.
+            metrics[f"mtp_losses/mtp_{k + 1}_loss"] = mtp_totals[2 * k] / max(mtp_totals[2 * k + 1], 1.0)
+        return {"outputs": result, "metrics": metrics}
+
+    # ------------------------------------------------------------------------------------ MTP
+    def _mtp_armed(self, runner, mb: dict):
+        """Arms the MTP hooks with this micro-batch's packed-row token ids and loss targets (null context
+        without MTP training). The packed row is the real tokens in row order: ``pack_micro_batch`` and the
+        padded forward both gather them by the attention mask."""
+        if runner is None:
+            return contextlib.nullcontext()
+        ids, mask = mb["input_ids"], mb["attention_mask"]
+        if "response_mask" in mb:  # RL: responses are the last R columns of input_ids
+            targets = torch.zeros_like(mask)
+            resp = mb["response_mask"]
+            targets[:, mask.shape[1] - resp.shape[1]:] = resp.to(mask.dtype)
+        elif "loss_mask" in mb:  # SFT: full-length mask of the assistant tokens
+            targets = mb["loss_mask"]
+        else:
+            targets = mask
+        keep = mask.reshape(-1).bool()
+        return runner.armed(ids.reshape(-1)[keep], targets.reshape(-1)[keep].bool())
+
+    def _mtp_loss(self, pending, global_info: dict, totals: list) -> torch.Tensor:
+        """``mtp_loss_scaling_factor / num_layers`` times each depth's CE, as a share of the mini-batch's
+        per-token mean: the same global token count (and data-parallel factor) the base losses divide by."""
+        if len(pending.sums) != len(totals) // 2:
+            raise RuntimeError("the MTP head did not run in this forward (the text model's final norm was not "
+                               "reached through the patched forward)")
+        scale = self.mtp_scale / len(pending.sums) * global_info["dp_size"] / max(global_info["batch_num_tokens"], 1.0)
+        loss = 0.0
+        for k, (ce_sum, count) in enumerate(zip(pending.sums, pending.counts)):
+            totals[2 * k] += float(ce_sum.detach())
+            totals[2 * k + 1] += count
+            loss = loss + ce_sum * scale
+        return loss
 
     def _adapter_context(self):
         if self._disable_adapter:
@@ -426,9 +471,15 @@ class FSDPEngine(BaseEngine):
 
             # adapter tensors, or merged weights under model.lora.merge or where the engine cannot take the
             # adapter (logged)
-            return rollout_sync(self._module, bucket_megabytes=bucket_megabytes, layered=layered,
-                                merge=lora_merge(self.model_config))
-        return self.get_per_tensor_param(bucket_megabytes, layered), {}
+            weights, kwargs = rollout_sync(self._module, bucket_megabytes=bucket_megabytes, layered=layered,
+                                           merge=lora_merge(self.model_config))
+        else:
+            weights, kwargs = self.get_per_tensor_param(bucket_megabytes, layered), {}
+        if (self.built.info.get("mtp") or {}).get("enable"):
+            # No rollout engine here drafts with the MTP head (mtp.enable_rollout is refused): keep it out.
+            # (LoRA adapter names carry PEFT's prefix before ``mtp.``.)
+            weights = ((name, t) for name, t in weights if not (name.startswith("mtp.") or ".mtp." in name))
+        return weights, kwargs
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: Optional[int] = None) -> None:

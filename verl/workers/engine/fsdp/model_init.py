@@ -128,6 +128,20 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
 
     configure_moe_router(model, model_cfg, role)  # MoE: router aux loss off in RL unless enable_router_aux_loss
     spec = get_model_spec(model.config)
+    mtp = mtp_settings(model_cfg, role)
+    if mtp["enable"]:
+        # Before patching and sharding: the MTP decoder layers take the patched forward and their own FSDP unit.
+        support = spec.resolve("mtp")
+        if support is None:
+            raise ValueError(f"{engine_role(role).model_section}.mtp.enable=true: {spec.architecture} has no "
+                             "multi-token-prediction support here (Qwen3.5 checkpoints only)")
+        support.attach(model, path, key=f"{engine_role(role).model_section}.mtp.enable")
+        if ulysses_sp_size > 1:
+            raise ValueError(f"{engine_role(role).model_section}.mtp.enable=true with "
+                             f"ulysses_sequence_parallel_size={ulysses_sp_size}: the MTP loss needs whole packed "
+                             "rows (not implemented with Ulysses sequence parallelism here)")
+        # Hooks on the HF model's own submodules: they stay valid under LoRA's wrapper and FSDP2's in-place wrap.
+        mtp["runner"] = support.runner(model, detach_encoder=mtp["detach_encoder"])
     if bool(model_cfg.get("use_liger", False)):
         apply_liger(model)
     if role_spec.head == "value":
@@ -171,7 +185,22 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
     if not role_spec.trainable:
         model.requires_grad_(False)
     return BuiltModel(model, spec=spec, use_remove_padding=use_rmpad, use_fused_kernels=use_fused, is_lora=is_lora,
-                      info={"path": path, "model_type": getattr(model.config, "model_type", None)})
+                      info={"path": path, "model_type": getattr(model.config, "model_type", None), "mtp": mtp})
+
+
+def mtp_settings(model_cfg, role: str) -> dict:
+    """Upstream's ``model.mtp`` section as this role uses it: ``enable`` loads (and saves) the checkpoint's MTP
+    head, ``enable_train`` adds its loss. Only the trainable policy (actor, SFT) carries the head; upstream
+    forces the reference model's MTP off, and a value model has no LM head to share."""
+    from verl.utils.config import cfg_get
+    from verl.workers.engine.role import engine_role
+
+    section = cfg_get(model_cfg, "mtp", None) or {}
+    spec = engine_role(role)
+    enable = bool(cfg_get(section, "enable", False)) and spec.trainable and not spec.value_head
+    return {"enable": enable, "train": enable and bool(cfg_get(section, "enable_train", False)),
+            "detach_encoder": bool(cfg_get(section, "detach_encoder", False)),
+            "scale": float(cfg_get(section, "mtp_loss_scaling_factor", 0.1))}
 
 
 # ------------------------------------------------------------------------------------------ optimizer

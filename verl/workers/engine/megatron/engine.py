@@ -44,6 +44,10 @@ class MegatronEngine(BaseEngine):
         if cfg_get(model_config, "lora_rank", 0) or cfg_get(model_config, "lora_adapter_path", None):
             raise ValueError("LoRA is not supported on the Megatron engine (actor_rollout_ref.model.lora_rank > 0 "
                              "with strategy=megatron); use strategy=fsdp2 for LoRA, or lora_rank=0")
+        if self.role_spec.trainable and bool(cfg_get(cfg_get(model_config, "mtp", None) or {}, "enable", False)):
+            # Config validation refuses this first; an engine built directly must not drop the head silently.
+            raise ValueError(f"{self.role_spec.model_section}.mtp.enable=true: multi-token prediction is built on "
+                             "the FSDP engine only here (Megatron's MTP block is not wired); use strategy=fsdp2")
         model_rp = cfg_get(model_config, "use_remove_padding", None)
         if model_rp is False:
             logger.warning("model.use_remove_padding is the deprecated alias of the engine's "
