@@ -58,6 +58,9 @@ for _role in (
     # its weights replaced by each sync from the trainer pool.
     EngineRole("rollout", "lm", False, "actor_rollout_ref.model", "actor_rollout_ref.actor"),
     EngineRole("critic", "value", True, "critic.model", "critic"),
+    # The on-policy distillation teacher: frozen like the reference and run with the reference's engine settings
+    # (strategy, fsdp_config / megatron, micro-batching), its checkpoint named by the distillation section.
+    EngineRole("teacher", "lm", False, "distillation.teacher_models.teacher_model", "actor_rollout_ref.ref"),
     # SFT runs the actor's engine settings (its trainer maps its own keys onto them).
     EngineRole("sft", "lm", True, "actor_rollout_ref.model", "actor_rollout_ref.actor", lora=True),
 ):
