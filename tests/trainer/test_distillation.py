@@ -83,12 +83,13 @@ def test_use_policy_gradient_uses_minus_the_estimate_as_advantage(cfg):
     assert "actor/distillation/pg_clipfrac" in metrics
 
 
-@pytest.mark.parametrize("key, ratio, value, factor", [
+@pytest.mark.parametrize("name, ratio, value, factor", [
     # token 0 has advantage -(p - q) = -0.5 (< 0); token 1 has +1.5 (> 0); token 2 has 0
-    ("clip_ratio_high", 1.5, 0.2, 1.2), ("clip_ratio_high", 1.5, 0.6, 1.5),
-    ("clip_ratio_low", 0.5, 0.2, 0.8), ("clip_ratio_low", 0.5, 0.6, 0.5),
+    ("distillation_loss.clip_ratio_high", 1.5, 0.2, 1.2), ("distillation_loss.clip_ratio_high", 1.5, 0.6, 1.5),
+    ("distillation_loss.clip_ratio_low", 0.5, 0.2, 0.8), ("distillation_loss.clip_ratio_low", 0.5, 0.6, 0.5),
 ])
-def test_clip_ratios_bound_the_distillation_policy_gradient(cfg, key, ratio, value, factor):
+def test_clip_ratios_bound_the_distillation_policy_gradient(cfg, name, ratio, value, factor):
+    key = name.split(".")[-1]
     loss_cfg = _loss_cfg(loss_mode="k1", use_policy_gradient=True, **{key: value})
     old = P - torch.log(torch.tensor(ratio))
     loss, _ = _pg(cfg, loss_cfg, old=old)
@@ -102,6 +103,7 @@ def test_clip_ratios_bound_the_distillation_policy_gradient(cfg, key, ratio, val
 
 
 def test_clip_ratio_is_the_bound_when_low_and_high_are_null(cfg):
+    # distillation_loss.clip_ratio, with distillation_loss.clip_ratio_low / _high null
     old = P - torch.log(torch.tensor(1.5))
     narrow, _ = _pg(cfg, _loss_cfg(loss_mode="k1", use_policy_gradient=True, clip_ratio=0.2,
                                    clip_ratio_low=None, clip_ratio_high=None), old)
