@@ -44,3 +44,11 @@ def test_grpo_with_distillation_pulls_the_student_to_the_teacher(tmp_path):
     # The student's reverse KL to the teacher (k3 on its own samples, measured before each update) falls.
     first, last = sum(kl[:3]) / 3, sum(kl[-3:]) / 3
     assert last < 0.9 * first, kl
+
+
+def test_a_missing_teacher_checkpoint_is_named_before_any_worker_starts(tmp_path):
+    proc, _ = run_main_ppo(tmp_path, FAST + ["distillation.enabled=true",
+                                             "distillation.teacher_models.teacher_model.model_path=/nonexistent/t"],
+                           check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "distillation.teacher_models.teacher_model.model_path=/nonexistent/t" in proc.stderr
