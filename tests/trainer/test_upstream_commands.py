@@ -245,8 +245,9 @@ def test_multi_turn_formats(capsys):
 
 
 @pytest.mark.parametrize("extra, feature", [
-    (["+distillation.enable=True"], "distillation"),
-    (["distillation.teacher_models.teacher_model.model_path=/t"], "distillation"),
+    (["distillation.enabled=True", "distillation.teacher_models.teacher_model.model_path=/t",
+      "distillation.distillation_loss.loss_mode=forward_kl_topk"], "top-k forward-KL"),
+    (["distillation.nnodes=1"], "distillation.nnodes"),
     (["model_engine=veomni"], "VeOmni"),
     (["actor_rollout_ref.rollout.name=trtllm"], "TRT-LLM"),
     (["+actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_size=8"], "TRT-LLM"),

@@ -37,7 +37,10 @@ def _load(args, resolve: bool = True, check_host: bool = False) -> DictConfig:
     cfg = compose_config(args.config_name, args.overrides, config_dir=args.config_dir, validate=False)
     if resolve:
         OmegaConf.resolve(cfg)
-    first = host_problems(cfg, _MODEL_KEYS, ("data.train_files", "data.val_files")) if check_host else []
+    model_keys = _MODEL_KEYS
+    if OmegaConf.select(cfg, "distillation.enabled", default=False):  # the teacher checkpoint too
+        model_keys = (*_MODEL_KEYS, "distillation.teacher_models.teacher_model.model_path")
+    first = host_problems(cfg, model_keys, ("data.train_files", "data.val_files")) if check_host else []
     validate_in_order(cfg, first, validate_config)
     return cfg
 

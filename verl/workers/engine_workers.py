@@ -118,7 +118,7 @@ class ActorRolloutRefWorker(Worker):
                 from verl.workers.lora import check_lora_rollout_config
 
                 check_lora_rollout_config(cfg)
-            self.actor = PPOActor(cfg.actor, self.actor_engine)
+            self.actor = PPOActor(cfg.actor, self.actor_engine, distillation=self._distillation_section())
             self.actor_flops = flops_counter_for(self.actor_engine)
         if self._is_ref:
             # LoRA: the reference policy is the actor with its adapters disabled; no second base model.
@@ -129,6 +129,9 @@ class ActorRolloutRefWorker(Worker):
             self.ref_engine = build_engine(cfg.ref, cfg.model, "ref", trainable=False, **share)
             self.ref_engine.initialize()
             self.ref_policy = PPOActor(cfg.ref, self.ref_engine)
+        self.teacher_engine = None
+        if self._is_actor and self._distillation_section() is not None:
+            self._build_teacher()
         if self._is_rollout and not self._is_actor:
             # A rollout pool of its own (asynchronous modes): the policy copy it generates with, synced from the
             # trainer pool by load_rollout_weights; weight_version counts those syncs.
@@ -145,6 +148,32 @@ class ActorRolloutRefWorker(Worker):
         np.random.seed(seed)
         random.seed(seed)
         return True
+
+    def _distillation_section(self):
+        """The ``distillation`` section when distillation is enabled, else None."""
+        from verl.trainer.distillation import is_distillation_enabled
+
+        section = self.full_config.get("distillation")
+        return section if is_distillation_enabled(section) else None
+
+    def _build_teacher(self):
+        """The distillation teacher, colocated with the actor: a frozen engine like the reference's (the ref
+        section's strategy and engine settings) on the teacher checkpoint. The teacher reads the student's token
+        ids, so it must share the student's tokenizer; the student's model options (remove-padding, fused
+        kernels, override_config) apply to it too, its LoRA settings do not."""
+        from verl.trainer.distillation import teacher_model_config
+        from verl.workers.actor.ppo_actor import PPOActor
+
+        teacher = teacher_model_config(self.full_config.distillation)
+        model_cfg = OmegaConf.create(OmegaConf.to_container(self.config.model, resolve=True))
+        with open_dict(model_cfg):
+            model_cfg.path = str(teacher.model_path)
+            model_cfg.tokenizer_path = self.config.model.get("tokenizer_path") or self.config.model.path
+            model_cfg.lora_rank = 0
+            model_cfg.lora_adapter_path = None
+        self.teacher_engine = build_engine(self.config.ref, model_cfg, "teacher", trainable=False)
+        self.teacher_engine.initialize()
+        self.teacher_policy = PPOActor(self.config.ref, self.teacher_engine)
 
     def _normalize_batch_sizes(self):
         """Turn global batch sizes (in prompts) into per-rank sizes (in responses), as upstream does."""
@@ -310,6 +339,24 @@ class ActorRolloutRefWorker(Worker):
 
         # ref.ulysses_sequence_parallel_size may differ from the actor's, whose layout the data arrives in
         return compute_in_group(data, getattr(self.ref_engine, "sp_group", None), self._replica, ref_log_prob)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
+        """The distillation teacher's log-probs of the sampled response tokens (``teacher_logprobs``, (B, R)),
+        micro-batched and packed like the reference's (the ref section's log_prob_* keys). The teacher scores
+        at temperature 1 whatever the rollout's, as upstream's teacher does (a forward pass, no sampling)."""
+        from verl.workers.sp_regroup import compute_in_group
+
+        if self.teacher_engine is None:
+            raise RuntimeError("compute_teacher_log_prob needs distillation.enabled=true on the actor's worker")
+        self._log_prob_meta(data, "ref")
+        data.meta_info["temperature"] = 1.0
+
+        def teacher_log_prob(batch: DataProto) -> DataProto:
+            log_probs, _ = self.teacher_policy.compute_log_prob(batch, calculate_entropy=False)
+            return DataProto.from_dict(tensors={"teacher_logprobs": log_probs})
+
+        return compute_in_group(data, getattr(self.teacher_engine, "sp_group", None), self._replica, teacher_log_prob)
 
     # ------------------------------------------------------------------ update
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)

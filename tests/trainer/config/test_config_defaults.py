@@ -179,7 +179,7 @@ def test_project_additions_have_documented_defaults(base_cfg):
 
 
 def test_dropped_subsystems_are_absent(base_cfg):
-    for key in ("transfer_queue", "distillation", "skip", "reward_model", "sandbox_fusion"):
+    for key in ("transfer_queue", "skip", "reward_model", "sandbox_fusion"):
         assert key not in base_cfg, key
     # profiling exists (tool=torch only): tests/utils/test_profiler.py
     assert base_cfg.global_profiler.tool is None and base_cfg.actor_rollout_ref.actor.profiler.enable is False

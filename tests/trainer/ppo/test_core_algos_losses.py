@@ -119,6 +119,7 @@ def test_vanilla_ppo_clip_and_dual_clip():
 
 def test_vanilla_asymmetric_clip_and_mean_mode():
     old, new, adv, mask, _ = vanilla_case()
+    # the actor's actor.clip_ratio_low / actor.clip_ratio_high (distillation_loss has keys of the same names)
     cfg = actor_cfg(clip_ratio_low=0.1, clip_ratio_high=0.3)
     loss, _ = ca.compute_policy_loss_vanilla(old, new, adv, mask, "token-mean", cfg)
     assert loss.item() == pytest.approx((-2.6 + 0.9 + 3.0 - 1.0) / 4, abs=1e-5)

@@ -105,6 +105,8 @@ def test_registry_points_at_engine_and_import_error_names_extra(monkeypatch):
 
 
 def test_parallel_keys_reach_vllm_or_are_refused():
+    # rollout.data_parallel_size, rollout.expert_parallel_size (the distillation teacher's inference.* has keys of
+    # the same names)
     kw = build_llm_kwargs(_cfg(tensor_model_parallel_size=2, data_parallel_size=2, expert_parallel_size=4),
                           {"path": "/m"}, on_gpu=True)
     assert kw["tensor_parallel_size"] == 2 and kw["data_parallel_size"] == 2 and kw["enable_expert_parallel"]

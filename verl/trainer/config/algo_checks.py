@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import inspect
 
-from .checker import UNSET, Checker, check_kl_name, live_registry
+from .checker import UNSET, Checker, check_kl_name, is_interpolation, live_registry
 
-__all__ = ["check_algorithm", "check_key_status", "check_megatron", "check_out_of_scope", "check_owned_settings",
+__all__ = ["check_algorithm", "check_distillation", "check_key_status", "check_megatron", "check_out_of_scope", "check_owned_settings",
            "check_profiler", "check_recipes", "check_reward"]
 
 
@@ -97,6 +97,58 @@ def check_reward_model(c: Checker) -> None:
     if c.get("algorithm.adv_estimator") == "remax":
         c.fail("algorithm.adv_estimator", "is remax with reward.reward_model.enable=true: the greedy baseline is "
                                           "scored by the reward function only here; pick another estimator.")
+
+
+def check_distillation(c: Checker) -> None:
+    """On-policy distillation (``distillation.*``, verl/trainer/distillation): one colocated teacher, a
+    KL-estimator loss from the live registry, upstream's own refusals (k1 back-propagated directly, a policy loss
+    other than vanilla)."""
+    g = "distillation"
+    if not c.flag(f"{g}.enabled"):
+        return
+    nnodes = c.get(f"{g}.nnodes")
+    if nnodes not in (0, None, UNSET):
+        c.fail(f"{g}.nnodes", f"is {nnodes}: a separate teacher resource pool (upstream serves the teacher there "
+                              "with an inference engine) is not implemented; the teacher runs colocated with the "
+                              "actor on the reference's engine settings. Set it to 0.")
+    teachers = c.get(f"{g}.teacher_models")
+    extra = sorted(k for k in (teachers or {}) if k != "teacher_model") if isinstance(teachers, dict) else []
+    if extra:
+        c.fail(f"{g}.teacher_models.{extra[0]}", f"adds a teacher ({', '.join(extra)}): multi-teacher "
+                                                 "distillation (routing by distillation.teacher_key) is not "
+                                                 "implemented; configure distillation.teacher_models.teacher_model only.")
+    t = f"{g}.teacher_models.teacher_model"
+    if not c.get(f"{t}.model_path"):
+        c.fail(f"{t}.model_path", "must name the teacher checkpoint when distillation.enabled=true.")
+    ld = f"{g}.distillation_loss"
+    mode = c.registered(f"{ld}.loss_mode", "kl")
+    pg_form = c.flag(f"{ld}.use_policy_gradient")
+    if mode is not None and not pg_form and live_registry("kl").canonical(mode) == "k1":
+        c.fail(f"{ld}.loss_mode", f"is {mode!r} with use_policy_gradient=false: the gradient of k1 does not depend "
+                                  "on the teacher, so back-propagating it directly is wrong (upstream refuses it "
+                                  "too); use k3 / low_var_kl, or set use_policy_gradient=true.")
+    c.number(f"{ld}.distillation_loss_coef", low=0)
+    clamp = c.get(f"{ld}.loss_max_clamp")
+    if clamp is not None:
+        c.number(f"{ld}.loss_max_clamp", low=0, low_open=True)
+    if pg_form:
+        for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+            c.number(f"{ld}.{key}", low=0)
+    # The serving engine's name, dtype and temperature follow the rollout's; set apart they would select an
+    # inference server this teacher does not run (it runs on the ref's engine, at temperature 1 as upstream's).
+    for key in ("name", "dtype", "temperature"):
+        if not is_interpolation(c.cfg, f"{t}.inference.{key}"):
+            c.warn(f"{t}.inference.{key} is set, but the teacher here runs on the reference's training engine "
+                   "(actor_rollout_ref.ref.*), not on an inference server, so it is not read.")
+    # Upstream's teacher context check: the prompt, the whole response and one generated token.
+    inf = f"{t}.inference"
+    max_len = c.get(f"{inf}.max_model_len")
+    prompt, response = c.get(f"{inf}.prompt_length"), c.get(f"{inf}.response_length")
+    if isinstance(max_len, int) and isinstance(prompt, int) and isinstance(response, int):
+        if prompt + response + 1 > max_len:
+            c.fail(f"{inf}.max_model_len", f"is {max_len}, but the teacher reads the student's prompt ({prompt}), "
+                                           f"its whole response ({response}) and one more token: "
+                                           f"{prompt + response + 1} tokens. Raise it or set it to null.")
 
 
 def check_key_status(c: Checker) -> None:

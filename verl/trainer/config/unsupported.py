@@ -15,8 +15,6 @@ __all__ = ["FEATURE_KEY_PATTERNS", "FEATURE_VALUES", "feature_for_key", "feature
 
 # glob over dotted keys -> what the feature is.
 FEATURE_KEY_PATTERNS: dict[str, str] = {
-    "distillation": "distillation (teacher-model distillation, upstream's `distillation.*`)",
-    "distillation.*": "distillation (teacher-model distillation, upstream's `distillation.*`)",
     "*.veomni": "the VeOmni training engine",
     "*.veomni.*": "the VeOmni training engine",
     "*.torchtitan": "the TorchTitan training engine",
@@ -43,6 +41,9 @@ FEATURE_VALUES: dict[tuple[str, str], str] = {
     ("*.strategy", "torchtitan"): "the TorchTitan training engine",
     ("*.kl_loss_type", "full"): "the full-vocabulary KL (it needs full-vocabulary logits)",
     ("algorithm.kl_penalty", "full"): "the full-vocabulary KL (it needs full-vocabulary logits)",
+    ("distillation.distillation_loss.loss_mode", "forward_kl_topk"):
+        "upstream's top-k forward-KL distillation loss (it needs the teacher's top-k log-probs per token; the "
+        "teacher here scores the sampled tokens only)",
     ("*.multi_turn.format", "gpt-oss"): "the gpt-oss (Harmony) tool-call format",
     ("*.multi_turn.format", "glm"): "the GLM tool-call format",
     ("*.multi_turn.format", "seed"): "the Seed tool-call format",
@@ -57,7 +58,6 @@ FEATURE_VALUES: dict[tuple[str, str], str] = {
 FEATURE_GROUP_CHOICES: dict[str, dict[str, str]] = {
     "model_engine": {"veomni": "the VeOmni training engine", "torchtitan": "the TorchTitan training engine"},
     "actor": {"mlite_actor": "the Megatron-lite training engine (upstream's verl_mlite plugin)"},
-    "distillation": {"*": "distillation (teacher-model distillation)"},
 }
 
 

@@ -55,6 +55,7 @@ def validate_config(cfg: DictConfig) -> None:
     role_checks.check_critic(c, world)
     algo_checks.check_megatron(c)
     algo_checks.check_reward(c)
+    algo_checks.check_distillation(c)
     algo_checks.check_out_of_scope(c)
     algo_checks.check_profiler(c)
     algo_checks.check_key_status(c)

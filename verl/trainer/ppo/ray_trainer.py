@@ -1,6 +1,7 @@
 """The PPO/GRPO step loop on the controller.
 
-Per step, in upstream verl's order: generate -> reward -> old log-prob -> ref log-prob -> values ->
+Per step, in upstream verl's order: generate -> reward -> old log-prob -> ref log-prob -> teacher log-prob
+(distillation) -> values ->
 advantage -> critic update -> actor update (which also syncs rollout weights) -> checkpoint ->
 validation -> logging. The controller only moves DataProto batches between worker groups; it never
 touches model weights.
@@ -23,6 +24,7 @@ from omegaconf import OmegaConf
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer import faults
 from verl.trainer.config.validate import need_critic, need_reference_policy
+from verl.trainer.distillation import is_distillation_enabled
 from verl.trainer.ppo import core_algos, filter_groups, rollout_corr
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.dataloader import StepDataLoader
@@ -106,6 +108,7 @@ class RayPPOTrainer:
         algo = config.algorithm
         self.use_critic = need_critic(config)
         self.use_reference_policy = need_reference_policy(config)
+        self.use_distillation = is_distillation_enabled(config.get("distillation"))
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         data = config.data
         # data.gen_batch_size prompts per generation (DAPO draws several when filtering); else one train batch.
@@ -445,6 +448,9 @@ class RayPPOTrainer:
         if self.use_reference_policy:
             with marked_timer("ref", timing):
                 batch = batch.union(self._dp_call(self.actor_rollout_wg.compute_ref_log_prob, batch))
+        if self.use_distillation:  # the teacher scores the same rollouts, as the reference does
+            with marked_timer("teacher", timing):
+                batch = batch.union(self._dp_call(self.actor_rollout_wg.compute_teacher_log_prob, batch))
         if self.use_critic:
             with marked_timer("values", timing):
                 batch = batch.union(self._dp_call(self.critic_wg.compute_values, batch))
@@ -468,7 +474,7 @@ class RayPPOTrainer:
             with marked_timer("update_actor", timing):
                 batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
                 per_rank = self._metric_call(self.actor_rollout_wg.update_actor, batch)
-            metrics.update(self._nonfinite_check("actor", per_rank, ("actor/pg_loss",)))
+            metrics.update(self._nonfinite_check("actor", per_rank, ("actor/pg_loss", "actor/distillation/loss")))
             metrics.update(_mean_over_ranks(per_rank))
         return batch
 

@@ -23,15 +23,19 @@ _LOG_PROB_KEYS = ("responses", "input_ids", "attention_mask", "position_ids")
 
 class PolicyLoss:
     """The engine's loss function for the actor: the configured policy loss (``policy_loss.loss_mode``), minus
-    ``entropy_coeff`` * entropy, plus ``kl_loss_coef`` * KL to the reference when ``use_kl_loss``."""
+    ``entropy_coeff`` * entropy, plus ``kl_loss_coef`` * KL to the reference when ``use_kl_loss``; with
+    ``distillation`` (the enabled ``distillation`` section) the distillation term is added to that RL loss or
+    replaces it (:mod:`verl.trainer.distillation.losses`)."""
 
     # Loss metrics are normalised over the global mini-batch in each micro-batch's share, so their
     # per-micro-batch values add up to the mini-batch value; ratios like clipfrac are averaged instead.
-    summed_metrics = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
+    summed_metrics = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/distillation/loss",
+                      "actor/distillation/pg_loss")
 
-    def __init__(self, config):
+    def __init__(self, config, distillation=None):
         self.config = config
         self.policy_loss_fn = core_algos.get_policy_loss_fn(config.policy_loss.get("loss_mode", "vanilla"))
+        self.distillation = distillation
 
     @property
     def needs_entropy(self) -> bool:
@@ -46,6 +50,14 @@ class PolicyLoss:
         loss_agg_mode = cfg.loss_agg_mode
         log_prob = response_slice(outputs["log_probs"], response_length)
         response_mask = mb["response_mask"].to(torch.float32)
+        if self.distillation is not None:
+            return self._with_distillation(outputs, mb, loss_cfg, log_prob, response_mask, info)
+        return self._rl_loss(outputs, mb, loss_cfg, log_prob, response_mask, info)
+
+    def _rl_loss(self, outputs, mb, loss_cfg, log_prob, response_mask, info):
+        cfg = self.config
+        loss_agg_mode = cfg.loss_agg_mode
+        response_length = mb["responses"].size(-1)
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"],
             response_mask=response_mask, loss_agg_mode=loss_agg_mode, config=loss_cfg,
@@ -67,13 +79,40 @@ class PolicyLoss:
             metrics["actor/kl_coef"] = cfg.kl_loss_coef
         return loss, metrics
 
+    def _with_distillation(self, outputs, mb, loss_cfg, log_prob, response_mask, info):
+        """Upstream's combination: with use_task_rewards the RL loss plus distillation_loss_coef times the
+        distillation term; without, the distillation term alone (the RL loss is not computed, or computed for its
+        metrics only when the distillation term is itself a policy gradient, as upstream logs them then)."""
+        from verl.trainer.distillation.losses import distillation_loss, policy_loss_config_for
+
+        dcfg = self.distillation.distillation_loss
+        task = bool(dcfg.use_task_rewards)
+        pg_form = bool(dcfg.use_policy_gradient)
+        if task or pg_form:
+            rl_loss, metrics = self._rl_loss(outputs, mb, loss_cfg, log_prob, response_mask, info)
+        else:
+            rl_loss, metrics = None, {}
+        pg_cfg = policy_loss_config_for(self.config, dcfg, {**info, "loss_scale_factor":
+                                                            self.config.get("loss_scale_factor")}) if pg_form else None
+        d_loss, d_metrics = distillation_loss(
+            dcfg, log_prob, mb["teacher_logprobs"], response_mask, self.config.loss_agg_mode, info,
+            old_log_prob=mb["old_log_probs"], policy_loss_config=pg_cfg,
+            rollout_is_weights=mb.get("rollout_is_weights"))
+        metrics.update(d_metrics)
+        metrics["actor/distillation/loss"] = d_loss.detach().item()
+        coef = float(dcfg.distillation_loss_coef) if task else 1.0
+        loss = d_loss * coef if not task else rl_loss + d_loss * coef
+        return loss, metrics
+
 
 class PPOActor:
     """The policy (``engine.role == "actor"``) or the frozen reference policy (``"ref"``) on one engine."""
 
-    def __init__(self, config, engine: BaseEngine):
+    def __init__(self, config, engine: BaseEngine, distillation=None):
         self.config = config
         self.engine = engine
+        # the enabled distillation section (None: off); the update then also reads teacher_logprobs
+        self.distillation = distillation
 
     @property
     def router_replay_mode(self) -> str:
@@ -122,13 +161,15 @@ class PPOActor:
                                  "(R3 needs actor_rollout_ref.rollout.enable_rollout_routing_replay=true; R2 records "
                                  "them in the old-log-prob pass, which bypass mode skips)")
             keys.append("routed_experts")
+        if self.distillation is not None:
+            keys.append("teacher_logprobs")
         non_tensor = ["multi_modal_inputs"] if "multi_modal_inputs" in data.non_tensor_batch else []
         meta = {"temperature": data.meta_info["temperature"],
                 "micro_batch_size": cfg.get("ppo_micro_batch_size_per_gpu"),
                 "use_dynamic_bsz": bool(cfg.get("use_dynamic_bsz", False)),
                 "max_token_len": cfg.get("ppo_max_token_len_per_gpu")}
         data = data.select(batch_keys=keys, non_tensor_batch_keys=non_tensor)
-        loss_fn = PolicyLoss(cfg)
+        loss_fn = PolicyLoss(cfg, distillation=self.distillation)
         outputs = ("log_probs", "entropy") if loss_fn.needs_entropy else ("log_probs",)
         metrics: dict[str, list] = {}
         for _epoch in range(cfg.ppo_epochs):

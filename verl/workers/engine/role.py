@@ -61,6 +61,9 @@ for _role in (
     EngineRole("critic", "value", True, "critic.model", "critic"),
     # A discriminative reward model (reward.reward_model.*): frozen, scores every token with its score head.
     EngineRole("reward_model", "score", False, "reward.reward_model.model_path", "reward.reward_model"),
+    # The on-policy distillation teacher: frozen like the reference and run with the reference's engine settings
+    # (strategy, fsdp_config / megatron, micro-batching), its checkpoint named by the distillation section.
+    EngineRole("teacher", "lm", False, "distillation.teacher_models.teacher_model", "actor_rollout_ref.ref"),
     # SFT runs the actor's engine settings (its trainer maps its own keys onto them).
     EngineRole("sft", "lm", True, "actor_rollout_ref.model", "actor_rollout_ref.actor", lora=True),
 ):
