@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MTP on CPU in a few minutes: builds a tiny random Qwen3.5 whose checkpoint carries an MTP head
+# MTP on CPU: builds a tiny random Qwen3.5 whose checkpoint carries an MTP head
 # (mtp_num_hidden_layers=1, `mtp.*` tensors), then runs the shipped SFT demo task on it with the MTP loss.
 # The log shows `mtp_losses/mtp_1_loss` next to `train/loss`; the HF export under the run directory keeps `mtp.*`.
 set -xeuo pipefail
