@@ -37,12 +37,13 @@ class FakeActorRollout:
         return [True]
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
+        from verl.workers.rollout.base import GenerationOutput
         from verl.workers.rollout.batching import outputs_to_batch
 
         self.generate.append({"n": len(prompts), "meta": dict(prompts.meta_info),
                               "non_tensor": sorted(prompts.non_tensor_batch)})
         length = self.cfg.actor_rollout_ref.rollout.response_length
-        outs = [[SimpleNamespace(token_ids=[self.letters[i % 2]] * 4, log_probs=None, finish_reason="stop")]
+        outs = [[GenerationOutput(token_ids=[self.letters[i % 2]] * 4, log_probs=None, finish_reason="stop")]
                 for i in range(len(prompts))]
         out = outputs_to_batch(prompts, outs, length, self.tok.pad_token_id)
         out.meta_info = {}
