@@ -6,6 +6,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
 from omegaconf import open_dict
 
@@ -64,3 +65,19 @@ def sgd(role_cfg, lr: float = 1.0):
         role_cfg.optim.lr = lr
         role_cfg.optim.weight_decay = 0.0
     return role_cfg
+
+
+def ragged_batch(n=6, prompt=5, response=4, vocab=100, seed=0):
+    """A batch of left-padded prompts and right-padded responses of varied lengths, with old log-probs and
+    advantages: the layout the trainer hands an engine."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(20, vocab, (n, prompt + response), generator=g)
+    mask = torch.ones(n, prompt + response, dtype=torch.long)
+    for i in range(n):  # left-padded prompts, right-padded responses
+        mask[i, : i % 3] = 0
+        mask[i, prompt + response - (i % 4):] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, prompt:],
+            "response_mask": mask[:, prompt:].clone(),
+            "old_log_probs": -torch.rand(n, response, generator=g) * 3,
+            "advantages": torch.randn(n, response, generator=g)}

@@ -23,7 +23,7 @@ def model_dir(tmp_path_factory):
 
 
 def _batch(n=4, seq=9, response=4, seed=0):
-    from test_fsdp_engine import ragged_batch
+    from tests.engine_utils import ragged_batch
 
     return DataProto.from_dict(tensors=ragged_batch(n=n, prompt=seq - response, response=response, seed=seed),
                                meta_info={"temperature": 1.0, "micro_batch_size": 2})

@@ -184,7 +184,7 @@ def test_detach_encoder_isolates_the_head_and_the_factor_scales_it(gloo, mtp_dir
 
 
 def test_base_path_unchanged_without_enable_train(gloo, mtp_dir):
-    from tests.workers.engine.test_fsdp_engine import ragged_batch
+    from tests.engine_utils import ragged_batch
     from verl.workers.actor.ppo_actor import PolicyLoss
 
     results = []
@@ -204,7 +204,7 @@ def test_base_path_unchanged_without_enable_train(gloo, mtp_dir):
 
 def test_rl_metric_name_and_response_targets(gloo, mtp_dir):
     """RL: the actor logs upstream's actor/mtp_losses/mtp_1_loss; targets are the response tokens."""
-    from tests.workers.engine.test_fsdp_engine import ragged_batch
+    from tests.engine_utils import ragged_batch
     from verl.workers.actor.ppo_actor import PPOActor
 
     cfg = mtp_cfg(mtp_dir)

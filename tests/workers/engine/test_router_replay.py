@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from tests.engine_utils import arr_config, make_engine, sgd
+from tests.engine_utils import arr_config, make_engine, ragged_batch, sgd
 from verl.models.transformers.router_replay import RouterTape, replay_topk
 from verl.protocol import DataProto
 
@@ -78,18 +78,6 @@ def moe_dir(tmp_path_factory):
     return str(path)
 
 
-def ragged_batch(n=6, prompt=5, response=4, vocab=100, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(20, vocab, (n, prompt + response), generator=g)
-    mask = torch.ones(n, prompt + response, dtype=torch.long)
-    for i in range(n):  # left-padded prompts, right-padded responses
-        mask[i, : i % 3] = 0
-        mask[i, prompt + response - (i % 4):] = 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "responses": ids[:, prompt:],
-            "response_mask": mask[:, prompt:].clone(),
-            "old_log_probs": -torch.rand(n, response, generator=g) * 3,
-            "advantages": torch.randn(n, response, generator=g)}
 
 
 def _engine(moe_dir, mode="R2", rmpad=True, role="actor", gc=False, lr=None):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from verl.models.backbone_head import BackboneWithHead
+
 
 def load_score_model(path: str, dtype: torch.dtype, trust_remote_code: bool = False,
                      where: str = "reward.reward_model.model_path") -> "ScoreModel":
@@ -26,27 +28,14 @@ def load_score_model(path: str, dtype: torch.dtype, trust_remote_code: bool = Fa
     return ScoreModel(model).to(dtype)
 
 
-class ScoreModel(torch.nn.Module):
+class ScoreModel(BackboneWithHead):
+    head_name = "score"
+
     def __init__(self, seq_cls: torch.nn.Module):
-        super().__init__()
-        self.config = seq_cls.config
         prefix = getattr(seq_cls, "base_model_prefix", "model") or "model"
-        self.model = getattr(seq_cls, prefix)
+        super().__init__(seq_cls.config, getattr(seq_cls, prefix), getattr(seq_cls, "_no_split_modules", None))
         self.score = seq_cls.score
-        self._no_split_modules = getattr(seq_cls, "_no_split_modules", None)
-
-    def get_input_embeddings(self):
-        return self.model.get_input_embeddings()
-
-    def gradient_checkpointing_enable(self, **kwargs):
-        self.model.gradient_checkpointing_enable(**kwargs)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False, **kwargs):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False, **kwargs)
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        # The head in fp32 (as the critic's): under mixed precision a bf16 head would round every score. The last
-        # label is the score, as upstream reads a classify endpoint's last output.
-        logits = torch.nn.functional.linear(hidden.float(), self.score.weight.float(),
-                                            None if self.score.bias is None else self.score.bias.float())
-        return logits[..., -1]
+        # The last label is the score, as upstream reads a classify endpoint's last output.
+        return self.head_outputs(input_ids, attention_mask, position_ids, **kwargs)[..., -1]
