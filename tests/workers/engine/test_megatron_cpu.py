@@ -300,3 +300,45 @@ def test_ddp_buffers_of_an_unwrapped_reference_model_are_none():
     offload_megatron_model_to_cpu([plain])  # loose parameters only: already on the CPU, nothing to do
     wrapped = SimpleNamespace(buffers=["dense"], expert_parallel_buffers=["experts"])
     assert ddp_buffers(wrapped) == ["dense", "experts"]
+
+
+@pytest.mark.parametrize("optimizer_offload", [True, False])
+def test_offloaded_optimizer_state_is_on_the_gpu_only_around_the_step(monkeypatch, optimizer_offload):
+    """With optimizer_offload the Adam state comes in for ``optimizer.step()`` alone: resident through the
+    forward/backward it ran the 35B-A3B shape's second step out of memory on 4 x H100 (2026-11-26)."""
+    from types import SimpleNamespace
+
+    from verl.utils import megatron_utils as mu
+    from verl.workers.engine.megatron.engine import MegatronEngine
+
+    where = {"optimizer": "cpu"}
+    monkeypatch.setattr(mu, "load_megatron_optimizer", lambda opt: where.update(optimizer="gpu"))
+    monkeypatch.setattr(mu, "offload_megatron_optimizer", lambda opt: where.update(optimizer="cpu"))
+    monkeypatch.setattr(mu, "load_megatron_model_to_gpu", lambda *a, **k: None)
+    monkeypatch.setattr(mu, "offload_megatron_model_to_cpu", lambda *a, **k: None)
+    seen_at_step = []
+
+    class Optimizer:
+        def step(self):
+            seen_at_step.append(where["optimizer"])
+            return True, 1.0, 0
+
+    class Chunk:
+        def train(self):
+            pass
+
+    eng = MegatronEngine.__new__(MegatronEngine)
+    eng.settings = SimpleNamespace(param_offload=True, grad_offload=False, optimizer_offload=optimizer_offload)
+    eng.forward_only, eng.optimizer, eng.model = False, Optimizer(), [Chunk()]
+    eng._resident = {"model": False, "grad": True, "optimizer": False}
+    monkeypatch.setattr(eng, "_grads_finite", lambda: True)
+    with eng.train_mode():
+        during_backward = where["optimizer"]
+        assert eng.optimizer_step() == 1.0
+        after_step = where["optimizer"]
+    assert seen_at_step == ["gpu"]
+    if optimizer_offload:
+        assert (during_backward, after_step) == ("cpu", "cpu")
+    else:
+        assert (during_backward, after_step) == ("gpu", "gpu")
+    assert where["optimizer"] == ("cpu" if optimizer_offload else "gpu")
