@@ -182,7 +182,17 @@ def _common(args, model_dir: Path, data: Path, ckpt: Path, steps: int, resume: b
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.entropy_coeff=0.01", "algorithm.adv_estimator=grpo",
+        *_profile_overrides(args),
     ]
+
+
+def _profile_overrides(args) -> list[str]:
+    """``--profile S``: a torch.profiler trace (host and device) of rank 0's actor worker in step S."""
+    if not args.profile:
+        return []
+    return ["global_profiler.tool=torch", f"global_profiler.steps=[{args.profile}]",
+            f"global_profiler.save_path={Path(args.workdir) / 'prof'}",
+            "actor_rollout_ref.actor.profiler.enable=true", "actor_rollout_ref.actor.profiler.ranks=[0]"]
 
 
 def fsdp_overrides(args, model_dir, data, ckpt, steps, resume) -> list[str]:
@@ -290,6 +300,11 @@ def run_case(args, shape: str, make) -> int:
              + _steps_of(work / f"resume_{args.tp}x{args.ep}.jsonl"))
     report(steps, info, args, seen.get("ceiling"),
            (seen.get("train", {}).get("wall", 0.0), seen.get("resume", {}).get("wall", 0.0)))
+    if args.profile and args.stage != "build":
+        import trace_top_kernels
+
+        trace_top_kernels.main([str(Path(args.workdir) / "prof"), "--top", "30", "--window", "generate_sequences",
+                                "--window", "compute_log_prob", "--window", "update_actor"])
     done = [r["step"] for r in steps]
     want = list(range(1, args.steps if args.stage == "train" else args.steps + 1))
     ok = rc == 0 and done == want
@@ -341,6 +356,8 @@ def main(argv=None) -> int:
     p.add_argument("--stage", default="all", choices=["all", "build", "train", "resume"],
                    help="build the checkpoint only, run steps 1..S-1 + save, run the resumed step S, or all three")
     p.add_argument("--workdir", default="/tmp/verl_scale")
+    p.add_argument("--profile", type=int, default=0, metavar="STEP",
+                   help="trace the actor's calls of this step (torch.profiler, rank 0) and print the top kernels")
     p.add_argument("--timeout", type=int, default=3000, help="seconds per main_ppo launch")
     p.add_argument("extra", nargs="*", help="more main_ppo overrides (key=value)")
     args = p.parse_args(argv)
