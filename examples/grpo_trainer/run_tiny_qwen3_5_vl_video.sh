@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Video GRPO at tiny scale, on the CPU in a few minutes: a tiny random Qwen3.5-VL model, short synthetic clips
+# Video GRPO at tiny scale, on the CPU: a tiny random Qwen3.5-VL model, short synthetic clips
 # stored as decoded frames (examples/data_preprocess/make_tiny_vl_videos.py), the built-in `hf` rollout and the
 # FSDP actor (the CPU `demo` config). The data keys are those of upstream's run_qwen3_5_2b_video_fsdp.sh;
 # data.image_patch_size is the tiny vision tower's patch size (4) where Qwen3.5-2B's is 16.
