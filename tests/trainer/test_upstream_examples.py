@@ -63,8 +63,6 @@ EXPECTED: dict[str, Optional[tuple[str, str]]] = {
     G + "run_qwen3_5-122b-a10b_veomni.sh": VEOMNI,
     G + "run_qwen3_5_122b_a10b_megatron.sh": EP_TP,  # also override_transformer_config.use_flash_attn
     G + "run_qwen3_5_27b_fsdp_turbo.sh": TURBO,
-    G + "run_qwen3_5_2b_openr1_fsdp.sh": ("pending", "`data.image_patch_size` is an upstream verl option"),
-    G + "run_qwen3_5_2b_video_fsdp.sh": ("pending", "`data.image_patch_size` is an upstream verl option"),
     G + "run_qwen3_5_35b_a3b_veomni.sh": VEOMNI,
     G + "run_qwen3_5_35b_fsdp_turbo.sh": TURBO,
     G + "run_qwen3_5_35b_megatron.sh": EP_TP,  # also override_transformer_config.use_flash_attn

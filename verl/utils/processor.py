@@ -2,9 +2,10 @@
 
 transformers' video processors (e.g. the one Qwen3VLProcessor - which Qwen3.5-VL maps to - holds) need
 torchvision. Without it ``AutoProcessor.from_pretrained`` fails for every Qwen3.5-VL checkpoint, even
-though image-only training only needs the image processor (which has a PIL backend) and the tokenizer.
-:func:`load_processor` then falls back to the checkpoint's own processor class with the video processor
-left out (:func:`without_video_processor`); asking it to process a video raises a clear error.
+though training only needs the image processor (which has a PIL backend) and the tokenizer.
+:func:`load_processor` then falls back to the checkpoint's own processor class with transformers' video
+processor left out (:func:`without_video_processor`) and a PIL/numpy one in its place
+(:class:`verl.utils.frames_video_processor.FramesVideoProcessor`): videos arrive as decoded frames.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ __all__ = ["load_processor", "without_video_processor"]
 
 @lru_cache(maxsize=None)
 def without_video_processor(processor_cls: type) -> type:
-    """A subclass of ``processor_cls`` whose only sub-processors are the image processor and the tokenizer.
+    """A subclass of ``processor_cls`` whose only saved sub-processors are the image processor and the tokenizer;
+    videos go through a :class:`FramesVideoProcessor` built from the image processor.
 
     transformers derives a processor's sub-processors from its ``__init__`` signature, so leaving
     ``video_processor`` out of the signature is what makes loading, saving and type checks skip it. The class
@@ -29,23 +31,16 @@ def without_video_processor(processor_cls: type) -> type:
     """
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        processor_cls.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-        self.video_processor = None
+        from verl.utils.frames_video_processor import FramesVideoProcessor
 
-    def __call__(self, *args, videos=None, **kwargs):
-        if videos is not None:
-            raise RuntimeError(
-                f"this {processor_cls.__name__} was loaded without its video processor (torchvision is not "
-                "installed), so it cannot process videos; install torchvision for video inputs"
-            )
-        return processor_cls.__call__(self, *args, **kwargs)
+        processor_cls.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+        self.video_processor = FramesVideoProcessor(image_processor)
 
     def __reduce__(self):
         # The class is made at run time; pickle it by its base class (dataset pickling, dataloader workers).
         return _rebuild, (processor_cls, self.__dict__.copy())
 
-    cls = type(processor_cls.__name__, (processor_cls,), {"__init__": __init__, "__call__": __call__,
-                                                         "__reduce__": __reduce__,
+    cls = type(processor_cls.__name__, (processor_cls,), {"__init__": __init__, "__reduce__": __reduce__,
                                                          "__module__": processor_cls.__module__})
     cls.__qualname__ = processor_cls.__qualname__
     return cls
@@ -93,6 +88,6 @@ def load_processor(path: str, trust_remote_code: bool = False):
         base = getattr(transformers, cls_name, None) if cls_name else None
         if base is None or "video_processor" not in base.get_attributes():
             raise
-        logger.warning("%s: the video processor is unavailable (%s); loading %s without it (images only)",
+        logger.warning("%s: the video processor is unavailable (%s); loading %s with a frames-only (PIL) video processor in its place",
                        path, type(err).__name__, cls_name)
         return without_video_processor(base).from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -118,7 +118,7 @@ def test_return_multi_modal_inputs(tok, tmp_path):
 def test_image_and_video_keys_name_the_media_columns(tok, tmp_path):
     path = _image_rows(tmp_path, column="pics")
     sample = create_rl_dataset(path, _data("data.image_key=pics"), tok, _Processor(tok))[0]
-    assert sample["multi_modal_data"]["image"][0].size == (4, 4)
+    assert sample["multi_modal_data"]["image"][0].size == (56, 56)  # on image_patch_size 14's smallest grid
     # a row whose video column (data.video_key) lists a video but whose text has no <video> is refused, naming
     # the counts; the same row read with another video_key has no videos
     vid = tmp_path / "v.jsonl"

@@ -267,7 +267,9 @@ def test_multimodal_row_through_processor(tok, tmp_path):
     ds = RLHFDataset(str(path), tok, {"max_prompt_length": 64}, processor=proc)
     sample = ds[0]
     assert proc.calls[-1][0]["content"][1] == {"type": "image"}
-    assert sample["multi_modal_data"]["image"][0].size == (4, 4)
+    # data.image_patch_size defaults to 14 without a processor patch size: the 4x4 image grows to the smallest
+    # allowed grid, 4 merged tokens of 28x28 pixels
+    assert sample["multi_modal_data"]["image"][0].size == (56, 56)
     assert sample["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 2, 2]]
     pad_id = tok.convert_tokens_to_ids("<|image_pad|>")
     assert (sample["input_ids"] == pad_id).sum() == 4  # expanded in input_ids

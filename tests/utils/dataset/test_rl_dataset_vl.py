@@ -60,14 +60,18 @@ def _model_positions(model, input_ids, mask, mm):
     return seen["pos"]
 
 
-def test_processor_is_image_only_and_pickles(vl):
+def test_processor_without_torchvision_takes_frames_and_pickles(vl):
+    from verl.utils.frames_video_processor import FramesVideoProcessor
+
     _, tok, proc, _ = vl
-    assert type(proc).__name__ == "Qwen3VLProcessor" and proc.video_processor is None
+    assert type(proc).__name__ == "Qwen3VLProcessor"
+    assert isinstance(proc.video_processor, FramesVideoProcessor)  # transformers' needs torchvision
     assert type(proc.image_processor).__name__ == "Qwen2VLImageProcessorPil"
     clone = pickle.loads(pickle.dumps(proc))
     assert type(clone).__name__ == "Qwen3VLProcessor" and clone.tokenizer.vocab == tok.vocab
-    with pytest.raises(RuntimeError, match="without its video processor"):
-        proc(text=["x"], videos=[torch.zeros(2, 3, 16, 16)])
+    assert isinstance(clone.video_processor, FramesVideoProcessor)
+    out = proc(text=["<|video_pad|>"], videos=[torch.zeros(2, 3, 16, 16)], return_tensors="pt")
+    assert out["video_grid_thw"].tolist() == [[1, 4, 4]]
 
 
 def test_image_rows_get_the_models_own_mrope_ids(vl):

@@ -173,14 +173,20 @@ class AgentLoopBase(ABC):
             self.processor, messages, tools=tools, add_generation_prompt=True, tokenize=False,
             **self.apply_chat_template_kwargs,
         )
-        inputs = self.processor(text=[text], images=images, videos=videos, return_tensors="pt")
+        video_kwargs = {}
+        if videos and all(isinstance(v, tuple) and len(v) == 2 for v in videos):
+            # The RL dataset's (frames, metadata) pairs: frames sampled already, metadata dates them.
+            video_kwargs = {"video_metadata": [m for _, m in videos], "do_sample_frames": False}
+            videos = [f for f, _ in videos]
+        inputs = self.processor(text=[text], images=images, videos=videos, return_tensors="pt", **video_kwargs)
         ids = inputs["input_ids"][0].tolist()
         if len(ids) > self.prompt_length:
             # Cutting through image tokens would desynchronise them from pixel_values.
             raise ValueError(
                 f"multimodal prompt of {len(ids)} tokens exceeds rollout.prompt_length={self.prompt_length}"
             )
-        mm = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+        mm = {k: v for k, v in inputs.items()
+              if k not in ("input_ids", "attention_mask", "mm_token_type_ids", "video_metadata")}
         return ids, mm
 
     @staticmethod

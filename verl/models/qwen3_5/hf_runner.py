@@ -235,22 +235,32 @@ class Qwen35Runner:
 
     # ------------------------------------------------------------------------------------------ prefill
     def embed_prompt(self, seq: PrefillSeq) -> tuple[torch.Tensor, torch.Tensor]:
-        """(embeddings (L, H), rotary positions (3, L)) of one prompt; images are encoded here (VL models)."""
+        """(embeddings (L, H), rotary positions (3, L)) of one prompt; images and videos are encoded here (VL
+        models)."""
         ids = torch.tensor(seq.ids, dtype=torch.long, device=self.device)
         emb = self.text.embed_tokens(ids)
         pos = torch.arange(len(seq.ids), device=self.device).expand(3, -1)
         mm = seq.mm or {}
-        if self.vl is None or mm.get("pixel_values") is None:
+        if self.vl is None or (mm.get("pixel_values") is None and mm.get("pixel_values_videos") is None):
             return emb, pos
         from verl.models.qwen3_5.hf_forward import _default_mrope_positions, _vision_embeds
 
-        grid = mm["image_grid_thw"].to(self.device)
-        feats = _vision_embeds(self.vl, mm["pixel_values"].to(self.device, self.dtype), grid).to(emb.dtype)
-        slots = ids == self.vl.config.image_token_id
-        if int(slots.sum()) != feats.shape[0]:
-            raise ValueError(f"{int(slots.sum())} image placeholder tokens for {feats.shape[0]} image embeddings")
-        emb = emb.masked_scatter(slots[:, None].expand_as(emb), feats)
-        pos = _default_mrope_positions(self.vl, ids[None], None, (grid, None), None)
+        grids = []
+        for pixels_key, grid_key, token_id in (("pixel_values", "image_grid_thw", self.vl.config.image_token_id),
+                                               ("pixel_values_videos", "video_grid_thw",
+                                                self.vl.config.video_token_id)):
+            if mm.get(pixels_key) is None:
+                grids.append(None)
+                continue
+            grid = mm[grid_key].to(self.device)
+            grids.append(grid)
+            feats = _vision_embeds(self.vl, mm[pixels_key].to(self.device, self.dtype), grid).to(emb.dtype)
+            slots = ids == token_id
+            if int(slots.sum()) != feats.shape[0]:
+                raise ValueError(f"{int(slots.sum())} {pixels_key} placeholder tokens for {feats.shape[0]} "
+                                 "vision embeddings")
+            emb = emb.masked_scatter(slots[:, None].expand_as(emb), feats)
+        pos = _default_mrope_positions(self.vl, ids[None], None, tuple(grids), None)
         return emb, pos[:, 0].to(self.device)
 
     @torch.no_grad()

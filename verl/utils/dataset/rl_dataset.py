@@ -163,7 +163,9 @@ class RLHFDataset(Dataset):
         self.custom_chat_template = cfg_get(config, "custom_chat_template", None)
         self.need_tools_kwargs = bool(cfg_get(config, "need_tools_kwargs", False))
         self.return_multi_modal_inputs = bool(cfg_get(config, "return_multi_modal_inputs", True))
-        self.image_patch_size = cfg_get(config, "image_patch_size", 14)
+        # Upstream's default: the processor's own patch size when the key is unset (null).
+        default_patch = getattr(getattr(processor, "image_processor", None), "patch_size", None) or 14
+        self.image_patch_size = int(cfg_get(config, "image_patch_size", None) or default_patch)
         self.shuffle = bool(cfg_get(config, "shuffle", False))
         self.seed = cfg_get(config, "seed", None)
         self.serialize_dataset = False
@@ -374,7 +376,12 @@ class RLHFDataset(Dataset):
         """Render and tokenize one row (unpadded); also returns the vision inputs for multimodal rows."""
         messages = self._build_messages(row, self.prompt_key, origin)
         images = [process_image(x, self.image_patch_size) for x in (row.get(self.image_key) or [])]
-        videos = [process_video(x, self.image_patch_size) for x in (row.get(self.video_key) or [])]
+        try:
+            # (frames, metadata) pairs: the metadata dates the frames for the processor's timestamps
+            videos = [process_video(x, self.image_patch_size, return_video_metadata=True)
+                      for x in (row.get(self.video_key) or [])]
+        except (ImportError, ValueError, TypeError, FileNotFoundError) as err:
+            raise type(err)(f"RLHFDataset: {self._where(origin)}: {err}") from err
         multimodal = bool(images or videos)
         renderer = self.processor if (self.processor is not None and multimodal) else self.tokenizer
         try:
@@ -387,9 +394,14 @@ class RLHFDataset(Dataset):
             out["input_ids"] = torch.tensor(ids, dtype=torch.long)
             out["attention_mask"] = torch.ones(len(ids), dtype=torch.long)
             return out
-        inputs = dict(
-            self.processor(text=[raw_prompt], images=images or None, videos=videos or None, return_tensors="pt")
-        )
+        video_kwargs = {}
+        if videos:
+            # Frames are sampled already: the processor must not sample them again.
+            video_kwargs = {"video_metadata": [meta for _, meta in videos], "do_sample_frames": False}
+        inputs = dict(self.processor(text=[raw_prompt], images=images or None,
+                                     videos=[frames for frames, _ in videos] or None, return_tensors="pt",
+                                     **video_kwargs))
+        inputs.pop("video_metadata", None)
         out["input_ids"] = torch.as_tensor(inputs.pop("input_ids"))[0]
         mask = inputs.pop("attention_mask", None)
         out["attention_mask"] = torch.as_tensor(mask)[0] if mask is not None else torch.ones_like(out["input_ids"])

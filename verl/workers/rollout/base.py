@@ -53,6 +53,9 @@ class GenerationRequest:
 
     prompt_token_ids: list[int]
     multi_modal_data: Optional[dict[str, Any]] = None
+    # Rows with videos: the prompt as the processor expanded it (per-frame timestamps + vision tokens), for engines
+    # that take expanded prompts (the built-in hf rollout); engines that expand themselves (vLLM) ignore it.
+    expanded_prompt_token_ids: Optional[list[int]] = None
 
 
 class BaseRollout(ABC):

@@ -47,12 +47,16 @@ def requests_from_batch(prompts: DataProto) -> list[GenerationRequest]:
     mm_inputs = ntb.get("multi_modal_inputs")
     reqs = []
     for i, p in enumerate(ids):
-        data = None
+        data, expanded = None, None
         if mm is not None and mm[i]:
             data = dict(mm[i])
             if mm_inputs is not None and mm_inputs[i]:
                 data["processor_outputs"] = mm_inputs[i]
-        reqs.append(GenerationRequest(prompt_token_ids=p, multi_modal_data=data))
+                if mm_inputs[i].get("video_grid_thw") is not None:
+                    # The processor's expansion of a video (timestamps + frame tokens) is only in input_ids.
+                    mask = prompts.batch["attention_mask"][i].bool()
+                    expanded = prompts.batch["input_ids"][i][mask].tolist()
+        reqs.append(GenerationRequest(prompt_token_ids=p, multi_modal_data=data, expanded_prompt_token_ids=expanded))
     return reqs
 
 

@@ -17,6 +17,8 @@ def expand_vision_tokens(request: GenerationRequest, config) -> list[int]:
     """
     ids = list(request.prompt_token_ids)
     outs = (request.multi_modal_data or {}).get("processor_outputs") or {}
+    if outs.get("video_grid_thw") is not None:
+        return _video_prompt(request, ids, outs["video_grid_thw"], config)
     grid = outs.get("image_grid_thw")
     image_id = getattr(config, "image_token_id", None)
     if grid is None or image_id is None:
@@ -39,6 +41,29 @@ def expand_vision_tokens(request: GenerationRequest, config) -> list[int]:
         else:
             expanded.append(t)
     return expanded
+
+
+def _video_prompt(request: GenerationRequest, ids: list[int], grid, config) -> list[int]:
+    """A prompt with videos as the processor expanded it.
+
+    A video placeholder grows into per-frame-pair timestamp text plus vision tokens (Qwen3-VL style), text only
+    the processor writes; so rows with videos carry their expanded prompt (``expanded_prompt_token_ids``, the
+    dataset's ``input_ids``) and the engine uses it.
+    """
+    video_id = getattr(config, "video_token_id", None)
+    merge = config.vision_config.spatial_merge_size
+    need = int((torch.as_tensor(grid).prod(-1) // (merge * merge)).sum())
+    if video_id is None:
+        raise ValueError("the request has videos but the model config has no video_token_id")
+    if sum(t == video_id for t in ids) == need:
+        return ids
+    full = request.expanded_prompt_token_ids
+    if full is None or sum(int(t) == video_id for t in full) != need:
+        raise ValueError(
+            f"the prompt's videos need {need} video tokens, but neither the prompt nor its "
+            "expanded_prompt_token_ids hold them; pass the processor-expanded prompt for video rows"
+        )
+    return [int(t) for t in full]
 
 
 def vision_placeholder_ids(config) -> list[int]:
