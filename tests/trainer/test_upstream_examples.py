@@ -85,8 +85,6 @@ EXPECTED: dict[str, Optional[tuple[str, str]]] = {
     "examples/profile/run_qwen3_8b_npu_profile_discrete.sh": (
         "pending", "`actor_rollout_ref.actor.profiler.tool_config.npu.discrete` is True"),
     "examples/profile/run_qwen3_8b_npu_profile_e2e.sh": NPU_HOST,
-    "examples/otb_trainer/run_qwen3_8b_fsdp.sh": ("pending", "`actor_rollout_ref.actor.calculate_sum_pi_squared` is "
-                                                             "an upstream verl option"),
     "examples/prefix_grouper/run_qwen3_8b_fsdp.sh": ("declined", "`actor_rollout_ref.actor.use_prefix_grouper` is "
                                                                  "true, but the shared-prefix forward is not "
                                                                  "implemented"),

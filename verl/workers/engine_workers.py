@@ -318,13 +318,17 @@ class ActorRolloutRefWorker(Worker):
         if record and "routed_experts" in data.batch.keys():
             raise ValueError("router_replay.mode=R2 and actor_rollout_ref.rollout.enable_rollout_routing_replay=true "
                              "cannot both be on: the rollout's routes are for R3")
-        result = self.actor.compute_log_prob(data, calculate_entropy=calc_entropy, record_routes=record)
+        sum_pi2 = bool(self.config.actor.get("calculate_sum_pi_squared", False))  # the optimal token baseline's
+        result = self.actor.compute_log_prob(data, calculate_entropy=calc_entropy, record_routes=record,
+                                             calculate_sum_pi_squared=sum_pi2)
         log_probs, entropys = result[0], result[1]
         tensors = {"old_log_probs": log_probs}
         if entropys is not None:
             tensors["entropys"] = entropys
         if record:
             tensors["routed_experts"] = result[2]
+        if sum_pi2:
+            tensors["sum_pi_squared"] = result[-1]
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -156,6 +156,15 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
     c.number(f"{a}.entropy_coeff")
     if c.flag(f"{a}.use_prefix_grouper"):
         c.fail(f"{a}.use_prefix_grouper", PREFIX_GROUPER_WHY)
+    if c.flag(f"{a}.calculate_sum_pi_squared"):
+        if strategy == "megatron":
+            c.fail(f"{a}.calculate_sum_pi_squared", "is true, but sum_pi_squared is computed by the FSDP engine only "
+                                                    "here (the Megatron head's vocab-parallel pass does not return "
+                                                    "it); use strategy=fsdp2.")
+        if c.flag("actor_rollout_ref.model.use_fused_kernels"):
+            c.fail(f"{a}.calculate_sum_pi_squared", "is true, but model.use_fused_kernels never materialises the "
+                                                    "token distribution sum_pi_squared sums over; set "
+                                                    "use_fused_kernels=false.")
     if c.flag(f"{a}.use_kl_loss"):
         check_kl_name(c, f"{a}.kl_loss_type")
         c.number(f"{a}.kl_loss_coef", low=0)
