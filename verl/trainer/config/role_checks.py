@@ -67,6 +67,11 @@ def check_model(c: Checker, prefix: str) -> None:
         if section_key.startswith(prefix + "."):
             c.fail(section_key, f"is {c.get(section_key)!r} but `{flat_key}` is {c.get(flat_key)!r}: they are one "
                                 "setting (upstream's new and old spelling); set one of them.")
+    from verl.workers.lora_init import LORA_A_INITS, LORA_B_INITS
+
+    for key, allowed in (("lora_A_init_method", LORA_A_INITS), ("lora_B_init_method", LORA_B_INITS)):
+        if c.get(f"{prefix}.lora.{key}") is not UNSET:
+            c.choice(f"{prefix}.lora.{key}", allowed, allow_none=True)
     rank = c.integer(f"{prefix}.lora_rank", minimum=0)
     if rank:
         c.number(f"{prefix}.lora_alpha", low=0, low_open=True)
