@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.protocol import DataProto
 from verl.single_controller.decorator import Dispatch, register
+from verl.single_controller.profiler_worker import profiled_task
 from verl.single_controller.worker import Worker
 from verl.utils.device import get_device_name, get_torch_device, resolve_trainer_device
 from verl.utils.tokenizer import load_tokenizer_and_processor
@@ -278,6 +279,7 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @profiled_task("rollout", "rollout_generate")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         from verl.workers.rollout.batching import generate_sequences
 
@@ -311,6 +313,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @profiled_task("actor", "actor_compute_log_prob")
     def compute_log_prob(self, data: DataProto) -> DataProto:
         self._log_prob_meta(data, "rollout")
         calc_entropy = bool(data.meta_info.get("calculate_entropy", True))
@@ -332,6 +335,7 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @profiled_task("ref", "ref_compute_log_prob")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         from verl.workers.sp_regroup import compute_in_group
 
@@ -364,6 +368,7 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ update
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    @profiled_task("actor", "actor_update")
     def update_actor(self, data: DataProto) -> dict:
         t0 = time.time()
         device = get_torch_device()
@@ -422,10 +427,12 @@ class CriticWorker(Worker):
         return True
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @profiled_task("critic", "critic_compute_values")
     def compute_values(self, data: DataProto) -> DataProto:
         return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    @profiled_task("critic", "critic_update")
     def update_critic(self, data: DataProto) -> dict:
         t0 = time.time()
         metrics = self.critic.update_critic(data)
