@@ -118,7 +118,7 @@ def test_lora_A_init_method_sets_the_fresh_adapters_distribution(gloo, dense_dir
     # over all adapters, xavier's wider range shows (its bound is > 2x kaiming's for rank 4 on these widths)
     assert max(float(x.detach().abs().max() * x.shape[1] ** 0.5) for x in xavier) > 1.5
     e = engine(dense_dir, key, 4, f"{prefix}.lora.lora_B_init_method=zero")
-    assert all(float(p.abs().max()) == 0 for n, p in e.module.named_parameters() if ".lora_B." in n)
+    assert all(float(p.detach().abs().max()) == 0 for n, p in e.module.named_parameters() if ".lora_B." in n)
 
 
 def test_lora_init_method_values_are_validated(dense_dir):
@@ -134,3 +134,14 @@ def test_lora_init_method_values_are_validated(dense_dir):
                 "actor_rollout_ref.model.lora.lora_B_init_method=xavier"):
         with pytest.raises(ConfigValidationError, match=bad.split("=")[0].replace(".", r"\.")):
             compose_config("ppo_trainer", [*base, bad])
+
+
+def test_sft_lora_init_method_values_are_validated():
+    from verl.trainer.config import ConfigValidationError
+    from verl.trainer.sft_trainer import compose_sft_config, validate_sft_config
+
+    cfg, strategy = compose_sft_config(["model.lora.rank=8", "model.lora.lora_A_init_method=xavier"])
+    validate_sft_config(cfg, strategy)
+    cfg, strategy = compose_sft_config(["model.lora.rank=8", "model.lora.lora_B_init_method=kaiming"])
+    with pytest.raises(ConfigValidationError, match=r"model\.lora\.lora_B_init_method"):
+        validate_sft_config(cfg, strategy)
