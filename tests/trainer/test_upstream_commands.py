@@ -251,7 +251,6 @@ def test_multi_turn_formats(capsys):
     (["model_engine=veomni"], "VeOmni"),
     (["actor_rollout_ref.rollout.name=trtllm"], "TRT-LLM"),
     (["+actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_size=8"], "TRT-LLM"),
-    (["algorithm.adv_estimator=optimal_token_baseline"], "optimal token baseline"),
     (["--config-name=ppo_megatron_trainer", "trainer.device=npu"], "MindSpeed"),
 ])
 def test_left_out_features_are_named(capsys, extra, feature):

@@ -25,7 +25,7 @@ def test_actor_accepts_tuple_outputs():
     engine._entropy_fn = verl_F.entropy_from_logits
     logits = torch.randn(1, 4, 7)
     labels = torch.randint(0, 7, (1, 4))
-    from_tuple = engine._token_stats((logits,), labels, 1.0, True)
-    from_obj = engine._token_stats(CausalLMOutputWithPast(logits=logits), labels, 1.0, True)
+    from_tuple = engine._token_stats((logits,), labels, 1.0, ("entropy",))
+    from_obj = engine._token_stats(CausalLMOutputWithPast(logits=logits), labels, 1.0, ("entropy",))
     torch.testing.assert_close(from_tuple["log_probs"], from_obj["log_probs"])
     torch.testing.assert_close(from_tuple["entropy"], from_obj["entropy"])

@@ -43,7 +43,7 @@ def test_other_tools_are_refused_by_name(compose_fn, tool):
 
 
 @pytest.mark.parametrize("override, key", [
-    ("actor_rollout_ref.actor.profiler.tool_config.torch.discrete=true", "discrete"),
+    ("actor_rollout_ref.actor.profiler.tool_config.torch.discrete=sometimes", "discrete"),
     ("actor_rollout_ref.actor.profiler.tool_config.torch.schedule.wait=1", "schedule"),
     ("actor_rollout_ref.actor.profiler.tool_config.torch.schedule.warmup=1", "schedule"),
     ("actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=1", "schedule"),

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from verl.single_controller.profiler_worker import ProfilerWorkerMixin
+from verl.single_controller.profiler_worker import ProfilerWorkerMixin, profiled_task
 from verl.trainer.config import ConfigValidationError, compose_config
 from verl.utils.profiler import ProfilePlan, StepProfiler, check_profiler_config
 
@@ -180,9 +180,11 @@ def test_npu_options_of_every_role_are_checked_with_or_without_torch_npu():
     assert not [p for p in good if "tool_config.npu" in p]
 
 
-def test_npu_discrete_is_refused():
-    with pytest.raises(ConfigValidationError, match="critic.profiler.tool_config.npu.discrete"):
-        compose_config("demo", ["critic.profiler.tool_config.npu.discrete=true"])
+def test_npu_discrete_must_be_a_bool(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_npu", types.SimpleNamespace())
+    problems = check_profiler_config(_cfg(*NPU_ON, "actor_rollout_ref.actor.profiler.tool_config.npu.discrete=1"))
+    assert any("actor_rollout_ref.actor.profiler.tool_config.npu.discrete" in p for p in problems), problems
+    assert check_profiler_config(_cfg(*NPU_ON, "actor_rollout_ref.actor.profiler.tool_config.npu.discrete=true")) == []
 
 
 def _fake_torch_npu(record):
@@ -222,3 +224,164 @@ def test_npu_options_reach_torch_npus_profiler(tmp_path, monkeypatch):
     assert not kw["record_shapes"] and not kw["with_stack"]
     assert kw["experimental_config"] == ("exp", {"profiler_level": "L2"})
     assert kw["on_trace_ready"] == ("handler", target, False)
+
+
+def test_npu_discrete_opens_torch_npus_profiler_per_task(tmp_path, monkeypatch):
+    record = []
+    monkeypatch.setitem(sys.modules, "torch_npu", _fake_torch_npu(record))
+    cfg = _cfg(*NPU_ON, f"global_profiler.save_path={tmp_path}",
+               "actor_rollout_ref.actor.profiler.tool_config.npu.discrete=true",
+               "actor_rollout_ref.actor.profiler.tool_config.npu.level=level1")
+    assert check_profiler_config(cfg) == []
+    assert ProfilePlan.from_config(cfg).workers["actor_rollout"].discrete
+    traces = _run_tasks(cfg, [1, 2]).traces
+    step = tmp_path / "step1"
+    targets = [str(step / "actor_rollout_rank0_actor_compute_log_prob"), str(step / "actor_rollout_rank0_actor_update")]
+    assert traces == targets and all((step / t).is_dir() for t in targets)  # step 2 is not profiled
+    assert [r if isinstance(r, str) else r[0] for r in record] == ["profile", "start", "stop"] * 2
+    handlers = [r[1]["on_trace_ready"] for r in record if not isinstance(r, str)]
+    assert handlers == [("handler", t, True) for t in targets]
+    assert record[0][1]["experimental_config"] == ("exp", {"profiler_level": "L1"})
+
+
+# --------------------------------------------------------------------------- discrete (one trace per task)
+
+class _TaskRank(_Rank):
+    """A worker with upstream's tasks: the actor's log-prob pass and update, the reference's pass, generation."""
+
+    @profiled_task("actor", "actor_compute_log_prob")
+    def compute_log_prob(self):
+        _work()
+
+    @profiled_task("actor", "actor_update")
+    def update_actor(self):
+        _work()
+
+    @profiled_task("ref", "ref_compute_log_prob")
+    def compute_ref_log_prob(self):
+        _work()
+
+    @profiled_task("rollout", "rollout_generate")
+    def generate_sequences(self):
+        _work()
+
+
+class _TaskGroup(_Group):
+    def __init__(self, n):
+        self.ranks = [_TaskRank(r) for r in range(n)]
+
+
+def _run_tasks(cfg, steps, n=1):
+    group = _TaskGroup(n)
+    profiler = StepProfiler(cfg, {"actor_rollout": group})
+    for step in steps:
+        with profiler.step(step):
+            for rank in group.ranks:
+                rank.generate_sequences()
+                rank.compute_log_prob()
+                rank.compute_ref_log_prob()
+                rank.update_actor()
+    return profiler
+
+
+def _names(path):
+    return {e.get("name") for e in json.loads(open(path).read())["traceEvents"]}
+
+
+def test_torch_discrete_writes_one_trace_per_task_of_the_discrete_roles(tmp_path):
+    cfg = _cfg("global_profiler.tool=torch", "global_profiler.steps=[2]", f"global_profiler.save_path={tmp_path}",
+               "actor_rollout_ref.actor.profiler.enable=true", "actor_rollout_ref.actor.profiler.ranks=[1]",
+               "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=true",
+               "actor_rollout_ref.rollout.profiler.enable=true", "actor_rollout_ref.rollout.profiler.ranks=[1]",
+               "actor_rollout_ref.rollout.profiler.tool_config.torch.discrete=true")
+    assert check_profiler_config(cfg) == []
+    traces = _run_tasks(cfg, [1, 2], n=2).traces
+    step = tmp_path / "step2"
+    # rank 1 only, step 2 only; the reference is not enabled, so its task writes nothing
+    assert traces == [str(step / f"actor_rollout_rank1_{t}.json")
+                      for t in ("rollout_generate", "actor_compute_log_prob", "actor_update")]
+    assert sorted(p.name for p in step.iterdir()) == sorted(p.rsplit("/", 1)[-1] for p in traces)
+    for path, stage in zip(traces, ("rollout_generate", "actor_compute_log_prob", "actor_update")):
+        names = _names(path)
+        assert stage in names and any(n and n.startswith("aten::") for n in names)  # the task's own ops
+
+
+def test_torch_discrete_false_keeps_one_step_trace_with_tasks_labelled(tmp_path):
+    # upstream's torch script: the actor end to end, the rollout discrete; one process runs one profiler, so
+    # the step trace runs and every task is a labelled range in it
+    cfg = _cfg("global_profiler.tool=torch", "global_profiler.steps=[1]", f"global_profiler.save_path={tmp_path}",
+               "actor_rollout_ref.actor.profiler.enable=true", "actor_rollout_ref.actor.profiler.ranks=[0]",
+               "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=false",
+               "actor_rollout_ref.rollout.profiler.enable=true", "actor_rollout_ref.rollout.profiler.ranks=[0]",
+               "actor_rollout_ref.rollout.profiler.tool_config.torch.discrete=true")
+    spec = ProfilePlan.from_config(cfg).workers["actor_rollout"]
+    assert spec.discrete_roles == ["rollout"] and not spec.discrete
+    traces = _run_tasks(cfg, [1]).traces
+    assert traces == [str(tmp_path / "step1" / "actor_rollout_rank0.json")]
+    assert {"rollout_generate", "actor_compute_log_prob", "ref_compute_log_prob", "actor_update"} <= _names(traces[0])
+
+
+def test_a_failing_task_stops_its_profiler(tmp_path):
+    cfg = _cfg(*TORCH_ON, f"global_profiler.save_path={tmp_path}",
+               "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=true")
+
+    class Failing(_Rank):
+        @profiled_task("actor", "actor_update")
+        def update_actor(self):
+            raise RuntimeError("boom")
+
+    worker = Failing(0)
+    spec = ProfilePlan.from_config(cfg).workers["actor_rollout"].as_dict()
+    assert worker.start_profile(spec, "step1")
+    with pytest.raises(RuntimeError, match="boom"):
+        worker.update_actor()
+    assert worker.stop_profile() == [str(tmp_path / "step1" / "actor_rollout_rank0_actor_update.json")]
+    with torch.profiler.profile():  # no profiler was left running in this process
+        _work()
+
+
+def test_the_actor_worker_traces_its_log_prob_task(tmp_path):
+    """The real worker's task methods carry the hook: a discrete actor's old-log-prob pass writes its trace."""
+    from tests.engine_utils import single_rank_gloo
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+    from verl.protocol import DataProto
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    model_dir = str(tmp_path / "m")
+    build_tiny_qwen3_5(model_dir, kind="dense", seed=0)
+    cfg = compose_config("ppo_trainer", [
+        "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false", "trainer.n_gpus_per_node=1",
+        "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "data.train_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", *TORCH_ON,
+        f"global_profiler.save_path={tmp_path / 'p'}", "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=true"])
+    ids = torch.randint(20, 100, (2, 6))
+    mask = torch.ones_like(ids)
+    batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "responses": ids[:, 3:],
+                                         "position_ids": mask.cumsum(-1) - 1, "response_mask": mask[:, 3:]})
+    with single_rank_gloo():
+        worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor", full_config=cfg)
+        worker.init_model()
+        spec = ProfilePlan.from_config(cfg).workers["actor_rollout"].as_dict()
+        assert worker.start_profile(spec, "step1")
+        worker.compute_log_prob(batch)
+        traces = worker.stop_profile()
+    assert traces == [str(tmp_path / "p" / "step1" / "actor_rollout_rank0_actor_compute_log_prob.json")]
+    assert "actor_compute_log_prob" in _names(traces[0])
+
+
+@pytest.mark.parametrize("role", ["actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout",
+                                  "critic"])
+def test_every_roles_discrete_reaches_the_plan(role, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_npu", types.SimpleNamespace())
+    group = "critic" if role == "critic" else "actor_rollout"
+    on = (f"{role}.profiler.enable=true", f"{role}.profiler.ranks=[0]", "global_profiler.steps=[1]")
+    torch_cfg = _cfg("global_profiler.tool=torch", *on, f"{role}.profiler.tool_config.torch.discrete=true")
+    npu_cfg = _cfg("global_profiler.tool=npu", *on, f"{role}.profiler.tool_config.npu.discrete=true")
+    for cfg in (torch_cfg, npu_cfg):
+        assert check_profiler_config(cfg) == []
+        spec = ProfilePlan.from_config(cfg).workers[group]
+        assert spec.discrete and spec.discrete_roles == [role.rsplit(".", 1)[-1]]
+    bad = check_profiler_config(_cfg("global_profiler.tool=torch", *on, f"{role}.profiler.tool_config.torch.discrete=2"))
+    assert any(f"{role}.profiler.tool_config.torch.discrete" in p for p in bad), bad

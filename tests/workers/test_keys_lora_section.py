@@ -93,3 +93,55 @@ def test_lora_merge_sends_merged_weights_and_builds_vllm_without_lora(gloo, dens
         rollout = OmegaConf.create({"prompt_length": 8, "response_length": 8, "load_format": "dummy"})
         kw = build_llm_kwargs(rollout, model, on_gpu=False)
         assert kw.get("enable_lora", False) is expect_lora
+
+
+def _a_weights(e):
+    out = []
+    for n, p in e.module.named_parameters():
+        if ".lora_A." in n:
+            out.append(p.full_tensor() if hasattr(p, "full_tensor") else p)
+    return out
+
+
+@pytest.mark.parametrize("prefix", ["actor_rollout_ref.model", "model"])
+def test_lora_A_init_method_sets_the_fresh_adapters_distribution(gloo, dense_dir, prefix):
+    key = f"{prefix}.lora.rank"
+    xavier = _a_weights(engine(dense_dir, key, 4, f"{prefix}.lora.lora_A_init_method=xavier",
+                               f"{prefix}.lora.lora_B_init_method=zero"))
+    kaiming = _a_weights(engine(dense_dir, key, 4, f"{prefix}.lora.lora_A_init_method=kaiming"))
+    assert xavier and len(xavier) == len(kaiming)
+    for xa, ka in zip(xavier, kaiming):
+        rank, fan_in = xa.shape
+        kaiming_bound, xavier_bound = 1 / fan_in ** 0.5, (6 / (fan_in + rank)) ** 0.5
+        assert ka.abs().max() <= kaiming_bound + 1e-6
+        assert xa.abs().max() <= xavier_bound + 1e-6
+    # over all adapters, xavier's wider range shows (its bound is > 2x kaiming's for rank 4 on these widths)
+    assert max(float(x.detach().abs().max() * x.shape[1] ** 0.5) for x in xavier) > 1.5
+    e = engine(dense_dir, key, 4, f"{prefix}.lora.lora_B_init_method=zero")
+    assert all(float(p.detach().abs().max()) == 0 for n, p in e.module.named_parameters() if ".lora_B." in n)
+
+
+def test_lora_init_method_values_are_validated(dense_dir):
+    from verl.trainer.config import ConfigValidationError
+    from verl.trainer.config.checks import compose_config
+
+    base = ["actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.model.path={dense_dir}",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1", "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.model.lora.rank=8"]
+    compose_config("ppo_trainer", [*base, "actor_rollout_ref.model.lora.lora_A_init_method=kaiming"])
+    for bad in ("actor_rollout_ref.model.lora.lora_A_init_method=normal",
+                "actor_rollout_ref.model.lora.lora_B_init_method=xavier"):
+        with pytest.raises(ConfigValidationError, match=bad.split("=")[0].replace(".", r"\.")):
+            compose_config("ppo_trainer", [*base, bad])
+
+
+def test_sft_lora_init_method_values_are_validated():
+    from verl.trainer.config import ConfigValidationError
+    from verl.trainer.sft_trainer import compose_sft_config, validate_sft_config
+
+    cfg, strategy = compose_sft_config(["model.lora.rank=8", "model.lora.lora_A_init_method=xavier"])
+    validate_sft_config(cfg, strategy)
+    cfg, strategy = compose_sft_config(["model.lora.rank=8", "model.lora.lora_B_init_method=kaiming"])
+    with pytest.raises(ConfigValidationError, match=r"model\.lora\.lora_B_init_method"):
+        validate_sft_config(cfg, strategy)

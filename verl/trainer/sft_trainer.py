@@ -106,6 +106,13 @@ def validate_sft_config(cfg: DictConfig, strategy: str) -> None:
     for section_key, flat_key in lora_section_conflicts(cfg):
         problems.append(f"`{section_key}` and `{flat_key}` are one setting (upstream's new and old spelling) and "
                         "are set to different values; set one of them")
+    from verl.workers.lora_init import LORA_A_INITS, LORA_B_INITS
+
+    for key, allowed in (("lora_A_init_method", LORA_A_INITS), ("lora_B_init_method", LORA_B_INITS)):
+        value = (cfg.model.get("lora") or {}).get(key)
+        if value is not None and value not in allowed:
+            problems.append(f"`model.lora.{key}={value!r}` is not an init method here; use one of {sorted(allowed)} "
+                            "or null")
     lora_rank, adapter = cfg.model.get("lora_rank") or 0, cfg.model.get("lora_adapter_path")
     if strategy == "megatron" and (lora_rank > 0 or adapter):
         # The Megatron engine has no LoRA; its own error would name the RL keys (actor_rollout_ref.model.*).

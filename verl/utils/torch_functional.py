@@ -94,6 +94,12 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
+def calculate_sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """``sum_v softmax(logits)_v ** 2`` over the last dim (upstream's name), in log space: squaring the
+    probabilities directly underflows for a large vocabulary, ``logsumexp(2 * log_softmax)`` does not."""
+    return torch.logsumexp(2.0 * torch.log_softmax(logits.float(), dim=-1), dim=-1).exp()
+
+
 def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
     """Entropy for 2-D ``(N, V)`` logits, ``chunk_size`` rows at a time in float32."""
     if logits.dim() != 2:

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.protocol import DataProto
 from verl.single_controller.decorator import Dispatch, register
+from verl.single_controller.profiler_worker import profiled_task
 from verl.single_controller.worker import Worker
 from verl.utils.device import get_device_name, get_torch_device, resolve_trainer_device
 from verl.utils.tokenizer import load_tokenizer_and_processor
@@ -278,6 +279,7 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @profiled_task("rollout", "rollout_generate")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         from verl.workers.rollout.batching import generate_sequences
 
@@ -311,6 +313,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @profiled_task("actor", "actor_compute_log_prob")
     def compute_log_prob(self, data: DataProto) -> DataProto:
         self._log_prob_meta(data, "rollout")
         calc_entropy = bool(data.meta_info.get("calculate_entropy", True))
@@ -318,16 +321,21 @@ class ActorRolloutRefWorker(Worker):
         if record and "routed_experts" in data.batch.keys():
             raise ValueError("router_replay.mode=R2 and actor_rollout_ref.rollout.enable_rollout_routing_replay=true "
                              "cannot both be on: the rollout's routes are for R3")
-        result = self.actor.compute_log_prob(data, calculate_entropy=calc_entropy, record_routes=record)
+        sum_pi2 = bool(self.config.actor.get("calculate_sum_pi_squared", False))  # the optimal token baseline's
+        result = self.actor.compute_log_prob(data, calculate_entropy=calc_entropy, record_routes=record,
+                                             calculate_sum_pi_squared=sum_pi2)
         log_probs, entropys = result[0], result[1]
         tensors = {"old_log_probs": log_probs}
         if entropys is not None:
             tensors["entropys"] = entropys
         if record:
             tensors["routed_experts"] = result[2]
+        if sum_pi2:
+            tensors["sum_pi_squared"] = result[-1]
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @profiled_task("ref", "ref_compute_log_prob")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         from verl.workers.sp_regroup import compute_in_group
 
@@ -360,6 +368,7 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ update
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    @profiled_task("actor", "actor_update")
     def update_actor(self, data: DataProto) -> dict:
         t0 = time.time()
         device = get_torch_device()
@@ -418,10 +427,12 @@ class CriticWorker(Worker):
         return True
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @profiled_task("critic", "critic_compute_values")
     def compute_values(self, data: DataProto) -> DataProto:
         return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    @profiled_task("critic", "critic_update")
     def update_critic(self, data: DataProto) -> dict:
         t0 = time.time()
         metrics = self.critic.update_critic(data)

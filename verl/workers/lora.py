@@ -253,6 +253,9 @@ def apply_lora(model: nn.Module, model_cfg: Any) -> nn.Module:
         _log(f"loaded LoRA adapter from {adapter_path} (r={r}, alpha={alpha}) and continue training it")
     else:
         model = get_peft_model(model, build_lora_config(model, model_cfg))
+        from verl.workers.lora_init import init_fresh_adapter
+
+        init_fresh_adapter(model, cfg_get(model_cfg, "lora"))
     # FSDP2 shards each layer as one group: the adapter must share the base weights' dtype.
     base_dtype = next((p.dtype for p in model.parameters() if not p.requires_grad), None)
     for p in model.parameters():

@@ -40,6 +40,8 @@ def check_algorithm(c: Checker) -> None:
             if value not in (None, UNSET):
                 c.fail(f"{g}.{key}", f"is set but only algorithm.adv_estimator=gdpo reads it (got {adv}); "
                                      "set it to null or switch the estimator.")
+    if adv in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        check_token_baseline(c, adv)
     enable = c.get("critic.enable")
     if adv == "gae" and enable is False:
         c.fail("critic.enable", "is false but algorithm.adv_estimator=gae needs a value model; "
@@ -48,6 +50,16 @@ def check_algorithm(c: Checker) -> None:
         c.warn(f"critic.enable=true trains a critic that algorithm.adv_estimator={adv} never uses.")
 
 
+
+
+def check_token_baseline(c: Checker, adv: str) -> None:
+    """The optimal token baseline weighs by sum_pi_squared, which only the actor's old-log-prob pass computes."""
+    if not c.flag("actor_rollout_ref.actor.calculate_sum_pi_squared"):
+        c.fail("algorithm.adv_estimator", f"is {adv}, which needs actor_rollout_ref.actor.calculate_sum_pi_squared="
+                                          "true (the actor then returns sum_pi_squared with the old log-probs).")
+    if c.flag("algorithm.rollout_correction.bypass_mode"):
+        c.fail("algorithm.rollout_correction.bypass_mode", f"is true, which skips the actor's old-log-prob pass "
+                                                           f"that computes sum_pi_squared for adv_estimator={adv}.")
 
 
 def check_reward(c: Checker) -> None:

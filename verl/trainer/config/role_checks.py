@@ -67,6 +67,11 @@ def check_model(c: Checker, prefix: str) -> None:
         if section_key.startswith(prefix + "."):
             c.fail(section_key, f"is {c.get(section_key)!r} but `{flat_key}` is {c.get(flat_key)!r}: they are one "
                                 "setting (upstream's new and old spelling); set one of them.")
+    from verl.workers.lora_init import LORA_A_INITS, LORA_B_INITS
+
+    for key, allowed in (("lora_A_init_method", LORA_A_INITS), ("lora_B_init_method", LORA_B_INITS)):
+        if c.get(f"{prefix}.lora.{key}") is not UNSET:
+            c.choice(f"{prefix}.lora.{key}", allowed, allow_none=True)
     rank = c.integer(f"{prefix}.lora_rank", minimum=0)
     if rank:
         c.number(f"{prefix}.lora_alpha", low=0, low_open=True)
@@ -156,6 +161,15 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
     c.number(f"{a}.entropy_coeff")
     if c.flag(f"{a}.use_prefix_grouper"):
         c.fail(f"{a}.use_prefix_grouper", PREFIX_GROUPER_WHY)
+    if c.flag(f"{a}.calculate_sum_pi_squared"):
+        if strategy == "megatron":
+            c.fail(f"{a}.calculate_sum_pi_squared", "is true, but sum_pi_squared is computed by the FSDP engine only "
+                                                    "here (the Megatron head's vocab-parallel pass does not return "
+                                                    "it); use strategy=fsdp2.")
+        if c.flag("actor_rollout_ref.model.use_fused_kernels"):
+            c.fail(f"{a}.calculate_sum_pi_squared", "is true, but model.use_fused_kernels never materialises the "
+                                                    "token distribution sum_pi_squared sums over; set "
+                                                    "use_fused_kernels=false.")
     if c.flag(f"{a}.use_kl_loss"):
         check_kl_name(c, f"{a}.kl_loss_type")
         c.number(f"{a}.kl_loss_coef", low=0)

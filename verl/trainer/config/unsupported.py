@@ -30,11 +30,6 @@ FEATURE_KEY_PATTERNS: dict[str, str] = {
 
 # (config key glob, value) -> what the value selects upstream.
 FEATURE_VALUES: dict[tuple[str, str], str] = {
-    ("algorithm.adv_estimator", "optimal_token_baseline"):
-        "upstream's optimal token baseline (it needs per-token gradient norms from the actor, not computed here)",
-    ("algorithm.adv_estimator", "tir_optimal_token_baseline"):
-        "upstream's tool-integrated optimal token baseline (it needs per-token gradient norms from the actor, "
-        "not computed here)",
     ("*.rollout.name", "trtllm"): "the TRT-LLM rollout engine",
     ("*.rollout.name", "sglang"): "the SGLang rollout engine",
     ("*.strategy", "veomni"): "the VeOmni training engine",

@@ -8,6 +8,7 @@ re-exports the implementations, which live in:
 * :mod:`verl.trainer.ppo.loss_agg`    - ``agg_loss``, entropy and value losses
 * :mod:`verl.trainer.ppo.kl`          - KL estimators, controllers, in-reward KL
 * :mod:`verl.trainer.ppo.pf_ppo`      - PF-PPO batch resampling
+* :mod:`verl.trainer.ppo.token_baseline` - the optimal token baseline estimators
 
 Both registries are :class:`verl.utils.registry.Registry` instances (dict
 subclasses, so code reading ``core_algos.ADV_ESTIMATOR_REGISTRY[...]`` keeps
@@ -49,6 +50,10 @@ from verl.trainer.ppo.kl import (
 )
 from verl.trainer.ppo.loss_agg import AGG_LOSS_MODES, agg_loss, compute_entropy_loss, compute_value_loss
 from verl.trainer.ppo.pf_ppo import compute_pf_ppo_reweight_data
+from verl.trainer.ppo.token_baseline import (
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
+)
 from verl.trainer.ppo.rollout_corr import compute_policy_loss_bypass_mode
 from verl.trainer.ppo.policy_loss import (
     compute_policy_loss,
@@ -122,8 +127,7 @@ class AdvantageEstimator(str, Enum):
     REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
     REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
     REMAX = "remax"
-    # upstream names; not registered (they need per-token gradient norms from the actor), so validation
-    # refuses them by name
+    # per-token baselines; they read the actor's sum_pi_squared (actor.calculate_sum_pi_squared)
     OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
     TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
 
@@ -171,6 +175,8 @@ for _name, _fn in (
     (_E.REMAX, compute_remax_outcome_advantage),
     (_E.GPG, compute_gpg_outcome_advantage),
     (_E.RLOO_VECTORIZED, compute_rloo_vectorized_outcome_advantage),
+    (_E.OPTIMAL_TOKEN_BASELINE, compute_optimal_token_baseline_advantage),
+    (_E.TIR_OPTIMAL_TOKEN_BASELINE, compute_multi_turn_optimal_token_baseline_advantage),
 ):
     register_adv_est(_name)(_fn)
 

@@ -59,6 +59,10 @@ def compute_response_mask(data: DataProto) -> torch.Tensor:
     return data.batch["attention_mask"][:, -response_length:]
 
 
+_TOKEN_BASELINES = (AdvantageEstimator.OPTIMAL_TOKEN_BASELINE.value,
+                    AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE.value)
+
+
 def compute_advantage(data: DataProto, adv_estimator, gamma: float = 1.0, lam: float = 1.0, num_repeat: int = 1,
                       norm_adv_by_std_in_grpo: bool = True, config=None) -> DataProto:
     """Fill ``advantages`` and ``returns`` using the configured estimator."""
@@ -78,6 +82,9 @@ def compute_advantage(data: DataProto, adv_estimator, gamma: float = 1.0, lam: f
             kwargs["norm_adv_by_std_in_grpo"] = norm_adv_by_std_in_grpo
         if "reward_baselines" in data.batch.keys():
             kwargs["reward_baselines"] = data.batch["reward_baselines"]
+        if name in _TOKEN_BASELINES:  # the per-token baselines weigh by the actor's path-variance terms
+            kwargs.update({k: data.batch[k] if k in data.batch.keys() else None
+                           for k in ("old_log_probs", "sum_pi_squared", "rollout_is_weights")})
         if "non_tensor_batch" in inspect.signature(fn).parameters:  # GDPO reads per-key rewards from the batch
             kwargs.update(non_tensor_batch=data.non_tensor_batch, batch=data.batch)
         adv, ret = fn(**kwargs)

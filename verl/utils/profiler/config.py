@@ -6,7 +6,8 @@ for the roles actor_rollout_ref.{actor, ref, rollout} (one worker group: "actor_
 
 Tools: ``torch`` (torch.profiler Chrome traces, :mod:`.torch_profile`), ``torch_memory`` (memory snapshots,
 :mod:`.torch_memory`; as upstream, every worker group takes part whether or not its role sets ``enable``,
-on the roles' ranks or rank 0), ``npu`` (Ascend; its options are checked, and it needs torch_npu).
+on the roles' ranks or rank 0), ``npu`` (Ascend; its options are checked, and it needs torch_npu). With
+``tool_config.{torch,npu}.discrete`` a role is traced per task instead of per step (:mod:`.step_recorder`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ GROUP_ROLES = {
 }
 
 
+def role_name(section: str) -> str:
+    """``actor_rollout_ref.ref`` -> ``ref``: the role a worker task names (profiled_task)."""
+    return section.rsplit(".", 1)[-1]
+
+
 def _select(cfg, key: str, default=None):
     """A dotted ``key`` (``"global_profiler.tool"``): a path, which :func:`verl.utils.config.cfg_get` does not walk."""
     return to_plain(OmegaConf.select(cfg, key, default=default))
@@ -60,6 +66,10 @@ class WorkerProfileSpec:
     memory: dict = dataclasses.field(default_factory=dict)
     # npu: tool_config.npu of the first enabled role (contents, level, analysis)
     npu: dict = dataclasses.field(default_factory=dict)
+    # roles (actor, ref, rollout, critic) whose tool_config.<tool>.discrete is true: one trace per task
+    discrete_roles: list = dataclasses.field(default_factory=list)
+    # every enabled role is discrete: no step-wide trace (verl/utils/profiler/step_recorder.py)
+    discrete: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,6 +109,9 @@ class ProfilePlan:
             if tool == "torch_memory" and not all_ranks and not ranks:
                 ranks = {0}
             first = enabled[0]
+            on = [s for s in enabled if _select(cfg, f"{s}.profiler.enable", False)]
+            discrete = [s for s in on if tool in ("torch", "npu")
+                        and _select(cfg, f"{s}.profiler.tool_config.{tool}.discrete", False)]
             workers[group] = WorkerProfileSpec(
                 group=group,
                 save_path=str(_select(cfg, f"{first}.profiler.save_path") or default_path),
@@ -109,6 +122,8 @@ class ProfilePlan:
                 relocate=bool(_select(cfg, f"{first}.profiler.relocate_results", False)),
                 memory=_memory_settings(cfg, first),
                 npu=dict(_select(cfg, f"{first}.profiler.tool_config.npu") or {}),
+                discrete_roles=[role_name(s) for s in discrete],
+                discrete=bool(on) and len(discrete) == len(on),
             )
         return cls(tool=tool, steps=steps, continuous=continuous, workers=workers)
 
@@ -213,9 +228,10 @@ def check_profiler_config(cfg) -> list[str]:
             bad = [c for c in contents if c not in TORCH_CONTENTS]
             if bad:
                 problems.append(f"`{torch_cfg}.contents` has {bad}; allowed: {', '.join(TORCH_CONTENTS)}.")
-            if _select(cfg, f"{torch_cfg}.discrete", False):
-                problems.append(f"`{torch_cfg}.discrete` is true (one trace per task), which is not built here; "
-                                "set it to false for one trace per step.")
+            for t in ("torch", "npu"):
+                if not isinstance(_select(cfg, f"{s}.profiler.tool_config.{t}.discrete", False), bool):
+                    problems.append(f"`{s}.profiler.tool_config.{t}.discrete` must be true (one trace per task) "
+                                    "or false (one trace per step).")
             schedule = _select(cfg, f"{torch_cfg}.schedule") or {}
             if any(v for v in schedule.values()):
                 problems.append(f"`{torch_cfg}.schedule` is {schedule}; an in-step torch.profiler schedule is "

@@ -37,5 +37,7 @@ class StepProfiler:
             if self._running_since is not None and not keep_going:
                 self._running_since = None
                 for wg in self.groups.values():
-                    self.traces.extend(p for p in (wg.stop_profile() or []) if p)
+                    for per_rank in wg.stop_profile() or []:  # each rank's list of written traces
+                        self.traces.extend(p for p in ([per_rank] if isinstance(per_rank, str) else per_rank or [])
+                                           if p)
                 logger.info("profiler traces: %s", self.traces)

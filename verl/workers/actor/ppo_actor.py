@@ -119,8 +119,10 @@ class PPOActor:
         return getattr(self.engine, "router_replay_mode", "disabled")
 
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False, record_routes: bool = False):
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False, record_routes: bool = False,
+                         calculate_sum_pi_squared: bool = False):
         """Per-token log-probs (and entropies) of ``data``'s responses under the current weights, (B, R) on CPU.
+        ``calculate_sum_pi_squared``: also sum_v pi(v)^2 per token, returned after the routes (if any).
 
         ``data.meta_info`` carries ``temperature`` and the micro-batching (``micro_batch_size`` or
         ``use_dynamic_bsz`` + ``max_token_len``). ``record_routes`` (router replay R2): also return the experts
@@ -136,12 +138,17 @@ class PPOActor:
         outputs = ("log_probs", "entropy") if calculate_entropy else ("log_probs",)
         if record_routes:
             outputs = outputs + ("routed_experts",)
+        if calculate_sum_pi_squared:
+            outputs = outputs + ("sum_pi_squared",)
         out = self.engine.infer_batch(view, outputs=outputs)
         log_probs = response_slice(out["log_probs"], response_length)
         entropy = response_slice(out["entropy"], response_length) if calculate_entropy else None
+        result = (log_probs, entropy)
         if record_routes:
-            return log_probs, entropy, out["routed_experts"]
-        return log_probs, entropy
+            result += (out["routed_experts"],)
+        if calculate_sum_pi_squared:
+            result += (response_slice(out["sum_pi_squared"], response_length),)
+        return result
 
     def update_policy(self, data: DataProto) -> dict[str, Any]:
         """``ppo_epochs`` passes over ``data`` in mini-batches of ``ppo_mini_batch_size`` (per rank, in

@@ -368,7 +368,6 @@ class FSDPEngine(BaseEngine):
 
     def _forward_micro_batch(self, mb: dict, temperature: float, outputs: tuple[str, ...]) -> dict:
         """Model outputs for one micro-batch in the padded (B, L) layout, next-token aligned."""
-        want_entropy = "entropy" in outputs
         mm_inputs = mb.get("multi_modal_inputs") or {}
         if self.use_remove_padding:
             packed = pack_micro_batch(mb, sp_size=self.sp_size)
@@ -376,7 +375,7 @@ class FSDPEngine(BaseEngine):
                                use_cache=False, **mm_inputs, **self._fused_kwargs(temperature))
             if self.role_spec.value_head:
                 return {"values": unpack_to_padded(out, packed)}
-            stats = self._token_stats(out, packed.labels, temperature, want_entropy)
+            stats = self._token_stats(out, packed.labels, temperature, outputs)
             stats = {k: unpack_to_padded(v, packed) for k, v in stats.items()}
             if "routed_experts" in outputs:
                 stats["routed_experts"] = self._recorded_routes(mb)
@@ -389,7 +388,7 @@ class FSDPEngine(BaseEngine):
         if self.role_spec.value_head:
             return {"values": out}
         labels = torch.roll(mb["input_ids"], shifts=-1, dims=-1)
-        stats = self._token_stats(out, labels, temperature, want_entropy)
+        stats = self._token_stats(out, labels, temperature, outputs)
         if "routed_experts" in outputs:
             stats["routed_experts"] = self._recorded_routes(mb)
         return stats
@@ -397,17 +396,22 @@ class FSDPEngine(BaseEngine):
     def _fused_kwargs(self, temperature: float) -> dict:
         return {"temperature": temperature, "return_dict": True} if self.use_fused_kernels else {}
 
-    def _token_stats(self, out, labels: torch.Tensor, temperature: float, want_entropy: bool) -> dict:
-        """Log-prob of ``labels`` (the next token at every position) and entropy, from model outputs."""
+    def _token_stats(self, out, labels: torch.Tensor, temperature: float, outputs: tuple[str, ...]) -> dict:
+        """Log-prob of ``labels`` (the next token at every position), and entropy / sum_pi_squared where
+        ``outputs`` asks for them, from model outputs."""
         if self.use_fused_kernels:
+            if "sum_pi_squared" in outputs:  # validation refuses calculate_sum_pi_squared with fused kernels
+                raise ValueError("sum_pi_squared needs the full logits, which use_fused_kernels never materialises")
             stats = {"log_probs": out.log_probs}
-            if want_entropy:
+            if "entropy" in outputs:
                 stats["entropy"] = out.entropy
             return stats
         logits = get_logits(out).float() / temperature  # tuple outputs (logits, ...) too
         stats = {"log_probs": verl_F.logprobs_from_logits(logits, labels)}
-        if want_entropy:
+        if "entropy" in outputs:
             stats["entropy"] = self._entropy_fn(logits)
+        if "sum_pi_squared" in outputs:  # of the temperature-scaled distribution, as the log-probs
+            stats["sum_pi_squared"] = verl_F.calculate_sum_pi_squared_from_logits(logits)
         return stats
 
     # ------------------------------------------------------------------------------------ optimizer

@@ -273,6 +273,8 @@ class MegatronEngine(BaseEngine):
         global_info = None if loss_fn is None else self._global_batch_info(data)
         n_micro = len(micro)
         want = set(outputs)
+        if "sum_pi_squared" in want:  # validation refuses actor.calculate_sum_pi_squared with strategy=megatron
+            raise ValueError("sum_pi_squared is not computed by the Megatron engine here; use the FSDP engine")
         if loss_fn is not None and not self.role_spec.value_head:
             want.add("log_probs")
         collected: list[tuple[int, dict]] = []
