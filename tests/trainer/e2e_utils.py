@@ -44,3 +44,16 @@ def run_main_ppo(workdir: Path, overrides: list[str], config_name: str | None = 
 def train_records(records: list[dict]) -> dict[int, dict]:
     """Training-step metrics by step (validation-only records have no critic/score)."""
     return {r["step"]: r["data"] for r in records if "critic/score/mean" in r["data"]}
+
+
+def main_ppo_in_process(monkeypatch, capsys, workdir: Path, argv: list[str]) -> tuple[int, str]:
+    """(exit code, stderr) of ``verl.trainer.main_ppo.main`` called in this process, for runs that end in a config
+    error before anything is built: the same code path as ``python -m`` without an interpreter's start-up (the
+    ``python -m`` runs above exercise that)."""
+    from verl.trainer.main_ppo import main
+
+    monkeypatch.setenv("VERL_DEMO_DIR", demo_dir())
+    monkeypatch.delenv("VERL_DEBUG", raising=False)
+    monkeypatch.chdir(workdir)
+    code = main(["--config-name", "demo", f"trainer.default_local_dir={workdir / 'ckpt'}", *argv])
+    return code, capsys.readouterr().err

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 
-from tests.trainer.e2e_utils import run_main_ppo, train_records
+import pytest
+
+from tests.trainer.e2e_utils import main_ppo_in_process, run_main_ppo, train_records
+from verl.trainer import main_ppo
 
 SHORT = ["trainer.total_training_steps=2"]
 
@@ -50,15 +53,20 @@ def test_remax_uses_a_greedy_baseline(tmp_path):
     assert all("critic/advantages/mean" in m for m in steps.values())
 
 
-def test_missing_data_file(tmp_path):
-    # Checked before anything loads (issue 25): a config error naming the key and the path, exit 2.
+def test_missing_data_file(tmp_path, monkeypatch, capsys):
+    # Checked before anything loads (issue 25): a config error naming the key and the path, exit 2. In process
+    # (main_ppo.main, the `python -m` code path): nothing is built before the error.
+    from verl.trainer.config.checks import ConfigValidationError
+
     missing = tmp_path / "nope" / "train.parquet"
-    proc, _ = run_main_ppo(tmp_path, [f"data.train_files={missing}", "trainer.launcher=local"], check=False)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert f"  - `data.train_files`: {missing} does not exist" in proc.stderr.splitlines()
-    debug, _ = run_main_ppo(tmp_path / "debug", [f"data.train_files={missing}", "trainer.launcher=local"],
-                            check=False, env_extra={"VERL_DEBUG": "1"})
-    assert debug.returncode != 0 and "Traceback" in debug.stderr
+    argv = [f"data.train_files={missing}", "trainer.launcher=local"]
+    code, err = main_ppo_in_process(monkeypatch, capsys, tmp_path, argv)
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    assert f"  - `data.train_files`: {missing} does not exist" in err.splitlines()
+    # VERL_DEBUG=1: the same error is raised with its traceback instead of the paragraph.
+    monkeypatch.setenv("VERL_DEBUG", "1")
+    with pytest.raises(ConfigValidationError, match="data.train_files"):
+        main_ppo.main(["--config-name", "demo", *argv])
 
 
 def test_malformed_row(tmp_path):

@@ -12,9 +12,11 @@ GAP = ("training/rollout_probs_diff_max", "training/rollout_probs_diff_mean", "t
 
 
 def test_dapo_with_token_is_logs_new_metrics_and_a_tiny_gap(tmp_path):
+    # The in-process launcher: dynamic sampling and the correction run in the controller and the gap in the
+    # worker either way, and the Ray launcher's start-up is covered by the demo's own tests.
     proc, records = run_main_ppo(tmp_path, [
         "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "algorithm.filter_groups.enable=True", "data.gen_batch_size=8",
+        "trainer.launcher=local", "algorithm.filter_groups.enable=True", "data.gen_batch_size=8",
         "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1",
         "algorithm.rollout_correction.rollout_rs_threshold=2.0",
         "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tests.trainer.e2e_utils import run_main_ppo, train_records
+from tests.trainer.e2e_utils import main_ppo_in_process, run_main_ppo, train_records
 
 # 128 responses a step (the demo's 16 prompts x 8), two optimizer steps of 64: the sampled-token KL estimate is
 # noisy, and with fewer samples a few steps do not show its trend.
@@ -46,9 +46,8 @@ def test_grpo_with_distillation_pulls_the_student_to_the_teacher(tmp_path):
     assert last < 0.9 * first, kl
 
 
-def test_a_missing_teacher_checkpoint_is_named_before_any_worker_starts(tmp_path):
-    proc, _ = run_main_ppo(tmp_path, FAST + ["distillation.enabled=true",
-                                             "distillation.teacher_models.teacher_model.model_path=/nonexistent/t"],
-                           check=False)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "distillation.teacher_models.teacher_model.model_path=/nonexistent/t" in proc.stderr
+def test_a_missing_teacher_checkpoint_is_named_before_any_worker_starts(tmp_path, monkeypatch, capsys):
+    code, err = main_ppo_in_process(monkeypatch, capsys, tmp_path, FAST + [
+        "distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=/nonexistent/t"])
+    assert code == 2, err[-2000:]
+    assert "distillation.teacher_models.teacher_model.model_path=/nonexistent/t" in err
