@@ -261,15 +261,23 @@ def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
 
 
 def test_data_parallel_size_of_megatron_roles(qwen35_dir):
-    """Each data-parallel replica is TP * PP * CP consecutive ranks (the engine lays DP out outermost)."""
-    from verl.trainer.main_ppo import build_role_specs, role_dp_sizes
+    """Each data-parallel replica is TP * PP * CP ranks, laid out pipeline-outermost (tp-cp-ep-dp-pp)."""
+    from verl.trainer.main_ppo import build_role_specs, role_dp_layouts
     from verl.workers.engine_workers import ranks_per_dp_replica
 
     cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}"])
     assert ranks_per_dp_replica(cfg.actor_rollout_ref.actor) == 4  # TP 2 x PP 2
     assert ranks_per_dp_replica({"strategy": "fsdp2", "ulysses_sequence_parallel_size": 2}) == 2
     if HAS_MCORE:
-        assert role_dp_sizes(cfg, build_role_specs(cfg, use_critic=False)) == {"actor_rollout": 4}
+        layouts = role_dp_layouts(cfg, build_role_specs(cfg, use_critic=False))
+        assert {role: layout.dp_size for role, layout in layouts.items()} == {"actor_rollout": 4}
+    # Without megatron-core too: the layout is pure Python. 16 ranks, TP 2 x PP 2: replica 0 is ranks 0, 1 on
+    # stage 0 and 8, 9 on stage 1.
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    layout = role_dp_layouts(cfg, {"actor_rollout": (ActorRolloutRefWorker, (), {})})["actor_rollout"]
+    assert [r for r in range(16) if layout.replica_of[r] == 0] == [0, 1, 8, 9]
+    assert layout.collect_from == (8, 10, 12, 14)
 
 
 def test_megatron_masters_are_seeded_only_where_loading_rounded():
