@@ -350,3 +350,22 @@ def test_offloaded_optimizer_state_is_on_the_gpu_only_around_the_step(monkeypatc
     else:
         assert (during_backward, after_step) == ("gpu", "gpu")
     assert where["optimizer"] == ("cpu" if optimizer_offload else "gpu")
+
+
+# ------------------------------------------------------------------------------------------ expert layouts
+def test_expert_layouts_with_pipelines_are_accepted():
+    """Ranks are laid out pipeline-outermost, so expert * expert-tensor parallelism need not equal TP with PP > 1
+    (upstream's Qwen3.5-35B script: TP 2, PP 2, EP 8, ETP 1; Qwen3-30B-A3B: TP 4, PP 2, VPP 2, EP 2)."""
+    assert settings_problems({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+                              "expert_model_parallel_size": 8, "expert_tensor_parallel_size": 1}) == []
+    s = read_settings({"tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 2,
+                       "virtual_pipeline_model_parallel_size": 2, "expert_model_parallel_size": 2})
+    assert (s.tp, s.pp, s.vpp, s.ep, s.etp) == (4, 2, 2, 2, None)
+
+
+def test_expert_layout_must_divide_the_world(qwen35_dir):
+    # 16 GPUs, PP 2: EP 16 * ETP 1 * PP 2 = 32 ranks per expert replica cannot fit.
+    problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}",
+                                           f"{M}.expert_model_parallel_size=16", f"{M}.expert_tensor_parallel_size=1"])
+    hits = [p for p in problems if f"{M}.expert_model_parallel_size" in p and "must divide the world size" in p]
+    assert hits and "(16 * 1 * 2)" in hits[0], problems

@@ -186,6 +186,9 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
                                "fsdp_config")
         check_fsdp_precision(c, f"{a}.fsdp_config")
 
+    # The parallel layout must fit the world whatever the batch sizing (a user-registered engine lays ranks out
+    # its own way: only the checks here apply to it).
+    dp = _parallel_dp_size(c, a, strategy, world) if world is not None and strategy in ("fsdp2", "megatron") else None
     if c.flag(f"{a}.use_dynamic_bsz"):
         c.integer(f"{a}.ppo_max_token_len_per_gpu", minimum=1)
         return
@@ -200,9 +203,6 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
     elif train_bs % mini:
         c.fail(f"{a}.ppo_mini_batch_size",
                f"({mini}) must divide data.train_batch_size ({train_bs}) so every PPO step gets whole mini-batches.")
-    if world is None or strategy not in ("fsdp2", "megatron"):
-        return  # a user-registered engine lays ranks out its own way: only the checks above apply
-    dp = _parallel_dp_size(c, a, strategy, world)
     if dp is None:
         return
     per_gpu = c.get(f"{a}.ppo_micro_batch_size_per_gpu")
