@@ -41,7 +41,7 @@ def test_megatron_layout_matches_the_rank_formula(world, tp, cp, pp):
     assert layout.ranks_per_replica == tp * cp * pp
 
 
-@pytest.mark.parametrize("world, tp, pp, ep, etp", [(16, 2, 2, 8, 1), (8, 4, 2, 2, None), (4, 1, 2, 2, 1)])
+@pytest.mark.parametrize("world, tp, pp, ep, etp", [(16, 2, 2, 8, 1), (8, 4, 2, 2, 1), (16, 4, 2, 2, None), (4, 1, 2, 2, 1)])
 def test_dense_and_expert_pipeline_stages_coincide(world, tp, pp, ep, etp):
     """Why pp goes outermost: under tp-cp-ep-dp-pp the expert layers' decomposition (etp, ep, expert-dp, pp)
     gives every rank the same pipeline stage as the dense one, for any EP * ETP (megatron-core requires that)."""

@@ -369,3 +369,27 @@ def test_expert_layout_must_divide_the_world(qwen35_dir):
                                            f"{M}.expert_model_parallel_size=16", f"{M}.expert_tensor_parallel_size=1"])
     hits = [p for p in problems if f"{M}.expert_model_parallel_size" in p and "must divide the world size" in p]
     assert hits and "(16 * 1 * 2)" in hits[0], problems
+
+
+def test_checkpoint_rank_order_is_recorded_and_checked(tmp_path):
+    """Per-rank optimizer / RNG files are keyed by global rank: a checkpoint of the old dp-outermost order is
+    refused where the orders number ranks differently (PP > 1 and DP > 1), accepted where they agree."""
+    import json
+
+    from verl.workers.engine.megatron.checkpoint import check_rank_order, write_rank_order
+
+    new = tmp_path / "new"
+    new.mkdir()
+    write_rank_order(str(new))
+    assert json.loads((new / "rank_order.json").read_text()) == {"order": "tp-cp-ep-dp-pp"}
+    check_rank_order(str(new), pp=2, dp=2)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "optim_rank_0.pt").write_bytes(b"")
+    check_rank_order(str(old), pp=1, dp=4)  # one stage: both orders number ranks alike
+    check_rank_order(str(old), pp=2, dp=1)
+    with pytest.raises(ValueError, match="rank order 'tp-cp-ep-pp-dp'"):
+        check_rank_order(str(old), pp=2, dp=2)
+    (old / "rank_order.json").write_text(json.dumps({"order": "pp-dp-tp"}))
+    with pytest.raises(ValueError, match="pipeline_model_parallel_size=1"):
+        check_rank_order(str(old), pp=1, dp=1)
