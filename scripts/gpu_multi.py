@@ -1,12 +1,16 @@
-"""The several-GPU checks (one host, Ray launcher): FSDP2 on 1 vs 2 GPUs, and Megatron GRPO at TP / EP / PP = 2.
+"""The several-GPU checks (one host, Ray launcher): FSDP2 on 1 vs 2 GPUs, and Megatron GRPO at TP / EP / PP = 2
+and at PP = 2 with EP = 2 (4 GPUs).
 
     python scripts/gpu_multi.py fsdp        # the demo's first GRPO step on 1 and on 2 GPUs (FSDP2, Ray): same
                                             # pg_loss / grad_norm / entropy within the stated tolerance;
                                             # tokens/s per GPU (perf/throughput) of each
     python scripts/gpu_multi.py megatron    # 3 GRPO steps through main_ppo --config-name ppo_megatron_trainer on
-                                            # 2 GPUs with TP=2 (dense), EP=2 (MoE) and PP=2 (dense); every step
-                                            # syncs the sharded weights into the hf rollout, whose coverage check
-                                            # fails the run if a weight is missed
+                                            # 2 GPUs with TP=2 (dense), EP=2 (MoE) and PP=2 (dense), and on 4
+                                            # GPUs with PP=2 EP=2 (MoE: expert * expert-tensor parallel != TP under
+                                            # a pipeline, so data replicas are not consecutive ranks; skipped with
+                                            # a line on a host with fewer GPUs); every step syncs the sharded
+                                            # weights into the hf rollout, whose coverage check fails the run if a
+                                            # weight is missed
     python scripts/gpu_multi.py check       # compose and validate every command above (CPU, no run)
 
 ``fsdp`` also runs on CPU (``--device cpu``: Ray workers on CPU, fp32), where the two layouts must agree to
@@ -48,19 +52,26 @@ def _fsdp_overrides(n_gpus: int, device: str, log_dir: Path) -> list[str]:
     ]
 
 
-def _megatron_cases() -> dict[str, tuple[str, list[str]]]:
-    """name -> (model kind, overrides) for the three 2-GPU layouts."""
+def _megatron_cases() -> dict[str, tuple[str, int, list[str]]]:
+    """name -> (model kind, GPUs, overrides)."""
+    m = "actor_rollout_ref.actor.megatron"
     return {
-        "tp2": ("dense", ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"]),
-        "ep2": ("moe", ["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"]),
-        "pp2": ("dense", ["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"]),
+        "tp2": ("dense", 2, [f"{m}.tensor_model_parallel_size=2"]),
+        "ep2": ("moe", 2, [f"{m}.expert_model_parallel_size=2"]),
+        "pp2": ("dense", 2, [f"{m}.pipeline_model_parallel_size=2"]),
+        # Pipeline-outermost ranks: replica 0 is ranks 0 and 2 (stage 0, stage 1), replica 1 ranks 1 and 3; the
+        # experts of each stage are split over its two ranks. EP * ETP (2) != TP (1) under PP: the layout the
+        # engine used to refuse.
+        "pp2ep2": ("moe", 4, [f"{m}.pipeline_model_parallel_size=2", f"{m}.expert_model_parallel_size=2",
+                              f"{m}.expert_tensor_parallel_size=1"]),
     }
 
 
-def _megatron_overrides(model_dir: Path, data: Path, ckpt: Path, device: str, extra: list[str]) -> list[str]:
+def _megatron_overrides(model_dir: Path, data: Path, ckpt: Path, device: str, n_gpus: int,
+                        extra: list[str]) -> list[str]:
     return [
         "--config-name", "ppo_megatron_trainer", "trainer.launcher=ray", f"trainer.device={device}",
-        "trainer.nnodes=1", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=3",
+        "trainer.nnodes=1", f"trainer.n_gpus_per_node={n_gpus}", "trainer.total_training_steps=3",
         "trainer.logger=[console,file]", "trainer.val_before_train=false", "trainer.test_freq=-1",
         "trainer.save_freq=-1", f"trainer.default_local_dir={ckpt}",
         f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data}", f"data.val_files={data}",
@@ -140,24 +151,39 @@ def megatron(args) -> int:
     work = Path(args.workdir) / "megatron"
     work.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name, (kind, extra) in _megatron_cases().items():
+    have = _gpu_count() if args.device == "cuda" else None
+    for name, (kind, n_gpus, extra) in _megatron_cases().items():
         if args.cases and name not in args.cases:
             continue
+        if have is not None and have < n_gpus:
+            print(f"[multi megatron] SKIPPED {name}: needs {n_gpus} GPUs, this host has {have}", flush=True)
+            results[name] = (None, n_gpus, [])
+            continue
         model_dir, data = _assets(work, kind)
-        rc, steps = _run_main_ppo(_megatron_overrides(model_dir, data, work / f"ckpt_{name}", args.device, extra),
-                                  work / f"{name}.jsonl", work, args.timeout)
-        results[name] = (rc, steps)
-    print("\n=== Megatron GRPO on 2 GPUs: 3 steps per layout (hf rollout, weight sync with coverage check) ===")
-    print("| layout | exit | steps | pg_loss (1, 2, 3) | grad_norm (1, 2, 3) |")
-    print("|---|---:|---|---|---|")
+        rc, steps = _run_main_ppo(
+            _megatron_overrides(model_dir, data, work / f"ckpt_{name}", args.device, n_gpus, extra),
+            work / f"{name}.jsonl", work, args.timeout)
+        results[name] = (rc, n_gpus, steps)
+    print("\n=== Megatron GRPO: 3 steps per layout (hf rollout, weight sync with coverage check) ===")
+    print("| layout | GPUs | exit | steps | pg_loss (1, 2, 3) | grad_norm (1, 2, 3) |")
+    print("|---|---:|---:|---|---|---|")
     ok = True
-    for name, (rc, steps) in results.items():
+    for name, (rc, n_gpus, steps) in results.items():
+        if rc is None:
+            print(f"| {name} | {n_gpus} | skipped (fewer GPUs) | | | |")
+            continue
         pg = ", ".join(f"{s['data']['actor/pg_loss']:.4g}" for s in steps)
         gn = ", ".join(f"{s['data']['actor/grad_norm']:.4g}" for s in steps)
-        print(f"| {name} | {rc} | {[s['step'] for s in steps]} | {pg} | {gn} |")
+        print(f"| {name} | {n_gpus} | {rc} | {[s['step'] for s in steps]} | {pg} | {gn} |")
         ok = ok and rc == 0 and [s["step"] for s in steps] == [1, 2, 3]
     print(f"[multi megatron] {'OK' if ok else 'FAILED'}", flush=True)
     return 0 if ok else 1
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def check(args) -> int:
@@ -167,9 +193,9 @@ def check(args) -> int:
     work = Path(args.workdir) / "check"
     for n in (1, 2):
         load_config(_fsdp_overrides(n, args.device, work))
-    for name, (kind, extra) in _megatron_cases().items():
+    for name, (kind, n_gpus, extra) in _megatron_cases().items():
         model_dir, data = _assets(work, kind)
-        load_config(_megatron_overrides(model_dir, data, work / f"ckpt_{name}", args.device, extra))
+        load_config(_megatron_overrides(model_dir, data, work / f"ckpt_{name}", args.device, n_gpus, extra))
     print("[multi check] every command composes and validates", flush=True)
     return 0
 
@@ -181,7 +207,7 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default="/tmp/verl_multi")
     p.add_argument("--timeout", type=int, default=540, help="seconds per main_ppo launch")
     p.add_argument("--tol", type=float, default=None, help="relative tolerance (default: 1e-4 CPU, 2e-2 GPU bf16)")
-    p.add_argument("--cases", nargs="*", default=None, help="megatron layouts to run (tp2 ep2 pp2)")
+    p.add_argument("--cases", nargs="*", default=None, help="megatron layouts to run (tp2 ep2 pp2 pp2ep2)")
     args = p.parse_args(argv)
     return {"fsdp": fsdp, "megatron": megatron, "check": check}[args.what](args)
 

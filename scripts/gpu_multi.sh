@@ -8,14 +8,15 @@
 #   mcore     pytest tests/models/mcore/test_mcore_qwen3_5_parallel_gpu.py   the mcore Qwen3.5 model's packed
 #                                            log-probs and gradients at TP=2 (with and without SP) and EP=2 vs HF
 #   megatron  scripts/gpu_multi.py megatron  3 GRPO steps each at TP=2 (dense), EP=2 (MoE), PP=2 (dense) through
-#                                            main_ppo --config-name ppo_megatron_trainer; every step's weight sync
+#                                            main_ppo --config-name ppo_megatron_trainer, and PP=2 EP=2 (MoE) on 4
+#                                            GPUs (skipped with a line on a 2-GPU host); every step's weight sync
 #                                            into the hf rollout runs its coverage check
 #
 # NCCL multicast is left as the machine's environment sets it (off on the lent hosts); nothing here changes it.
 # Needs the wheels of ../shared/tools/gpu_wheels.sh --ray installed (fla, megatron-core, Hydra, tensordict, Ray):
 #   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_multi.sh
 # Knobs: PARTS="versions fsdp mcore megatron", T_FSDP / T_MCORE / T_MEGATRON (seconds per part),
-# MEGATRON_CASES="tp2 ep2 pp2" (a subset, to fit the device tool's per-call time limit). Logs: $OUT.
+# MEGATRON_CASES="tp2 ep2 pp2 pp2ep2" (a subset, to fit the device tool's per-call time limit). Logs: $OUT.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/gpu_multi_out}"

@@ -27,7 +27,7 @@ def test_an_invalid_layout_would_be_caught(tmp_path):
     from verl.trainer.main_ppo import load_config
 
     model_dir, data = gpu_multi._assets(tmp_path, "dense")
-    overrides = gpu_multi._megatron_overrides(model_dir, data, tmp_path / "ckpt", "cpu",
+    overrides = gpu_multi._megatron_overrides(model_dir, data, tmp_path / "ckpt", "cpu", 2,
                                               ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4"])
     try:
         load_config(overrides)
@@ -35,6 +35,23 @@ def test_an_invalid_layout_would_be_caught(tmp_path):
         assert "tensor_model_parallel_size=4 does not divide num_key_value_heads" in str(err)
     else:
         raise AssertionError("TP=4 on a model with 2 KV heads validated")
+
+
+def test_pp2ep2_case_dispatches_to_spread_replicas(tmp_path):
+    """The 4-GPU case PP=2 EP=2: it validates, and the controller's layout for it sends replica 0's chunk to
+    ranks 0 and 2 (one per pipeline stage) and collects from rank 2, the last stage."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gpu_multi
+
+    from verl.trainer.main_ppo import load_config, role_dp_layouts
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    kind, n_gpus, extra = gpu_multi._megatron_cases()["pp2ep2"]
+    assert (kind, n_gpus) == ("moe", 4)
+    model_dir, data = gpu_multi._assets(tmp_path, kind)
+    cfg = load_config(gpu_multi._megatron_overrides(model_dir, data, tmp_path / "ckpt", "cpu", n_gpus, extra))
+    layout = role_dp_layouts(cfg, {"actor_rollout": (ActorRolloutRefWorker, (), {})})["actor_rollout"]
+    assert layout.replica_of == (0, 1, 0, 1) and layout.collect_from == (2, 3)
 
 
 def test_fsdp_part_on_cpu_two_ranks_equal_one(tmp_path):

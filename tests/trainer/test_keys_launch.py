@@ -24,7 +24,7 @@ def _launch(monkeypatch, *overrides):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.setdefault("init", kw))
     monkeypatch.setattr(vray, "create_ray_worker_groups",
-                        lambda pool, specs, env=None, dp_sizes=None: seen.setdefault("pool", pool) and {})
+                        lambda pool, specs, env=None, dp_layouts=None: seen.setdefault("pool", pool) and {})
     cfg = compose_config("ppo_trainer", ["trainer.launcher=ray", *overrides], validate=False)
     main_ppo.launch_workers(cfg, {})
     return seen
@@ -40,7 +40,7 @@ def test_launcher_local_runs_in_process(monkeypatch):
     import verl.single_controller.worker_group as wg
     from verl.trainer import main_ppo
 
-    monkeypatch.setattr(wg, "create_local_worker_groups", lambda specs, dp_sizes=None: {"local": specs})
+    monkeypatch.setattr(wg, "create_local_worker_groups", lambda specs, dp_layouts=None: {"local": specs})
     cfg = compose_config("ppo_trainer", ["trainer.launcher=local", "trainer.n_gpus_per_node=1"], validate=False)
     assert main_ppo.launch_workers(cfg, {}) == {"local": {}}  # no Ray
     assert "pool" in _launch(monkeypatch, "trainer.launcher=ray")

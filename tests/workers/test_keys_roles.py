@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 from verl.protocol import DataProto
+from verl.single_controller.dp_layout import DataParallelLayout
 from verl.trainer.config.checks import compose_config
 
 
@@ -105,7 +106,7 @@ def test_log_prob_micro_batches_of_the_rollout_and_the_reference():
     w.ref_policy = PPOActor(cfg.actor_rollout_ref.ref, ref_engine)
     # what __init__ sets for the reference's call: its engine (no sequence-parallel group here) and one rank per
     # dispatched chunk
-    w.ref_engine, w._replica = ref_engine, 1
+    w.ref_engine, w._dp_layout = ref_engine, DataParallelLayout.blocks(1)
     w.compute_log_prob(_data())
     w.compute_ref_log_prob(_data())
     (_, _, meta), = actor_engine.calls

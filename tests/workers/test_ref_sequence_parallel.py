@@ -66,7 +66,10 @@ def _rank(rank, world, port, model_dir, overrides, out_q):
     from tests.engine_utils import leave_process_group
 
     worker = _ref_worker(model_dir, world, overrides)
-    assert worker.ref_engine.sp_size == 2 and worker._replica == 1  # the reference's layout, not the actor's
+    from verl.single_controller.dp_layout import DataParallelLayout
+
+    # the reference's SP group, while the data arrives in the actor's layout (one replica per rank)
+    assert worker.ref_engine.sp_size == 2 and worker._dp_layout == DataParallelLayout.blocks(world)
     chunk = _batch().chunk(world)[rank]  # what DP dispatch gives this rank (the actor's dp size is 2)
     out = worker.compute_ref_log_prob(chunk)
     out_q.put((rank, out.batch["ref_log_prob"].tolist()))  # plain data: the process leaves before it is read

@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from verl.single_controller.dp_layout import DataParallelLayout
 from verl.single_controller.worker_group import ColocatedWorker, WorkerDied, WorkerGroup
 from verl.utils.net import find_free_port
 
@@ -85,12 +86,12 @@ class RayResourcePool:
 
 
 class RayWorkerGroup(WorkerGroup):
-    def __init__(self, actors: list, role: str, worker_cls: type, dp_size: int | None = None,
+    def __init__(self, actors: list, role: str, worker_cls: type, layout: DataParallelLayout | None = None,
                  hosted_roles: tuple[str, ...] = (), pids: list | None = None):
         self._actors = actors
         self._hosted = tuple(hosted_roles) or (role,)
         self._pids = list(pids or [None] * len(actors))
-        super().__init__(worker_cls, world_size=len(actors), role=role, dp_size=dp_size)
+        super().__init__(worker_cls, world_size=len(actors), role=role, layout=layout)
 
     def _call_ranks(self, method, per_rank, ranks):
         import ray
@@ -163,10 +164,11 @@ def wait_all(refs: list, ranks: list[int], on_death) -> list:
 
 def create_ray_worker_groups(pool: RayResourcePool, role_specs: dict[str, tuple[type, tuple, dict]],
                              env: dict[str, str] | None = None,
-                             dp_sizes: dict[str, int] | None = None) -> dict[str, WorkerGroup]:
+                             dp_layouts: dict[str, DataParallelLayout] | None = None) -> dict[str, WorkerGroup]:
     """Start ``pool.world_size`` actors in a placement group and return one worker group per role.
 
-    ``dp_sizes[role]`` is that role's data-parallel size (default: the world size); see ``WorkerGroup``."""
+    ``dp_layouts[role]`` says which data-parallel replica each rank of that role serves (default: one replica
+    per rank); see ``WorkerGroup``."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -197,6 +199,6 @@ def create_ray_worker_groups(pool: RayResourcePool, role_specs: dict[str, tuple[
     # process, so that a rank that dies later is named with it.
     ray.get([a.execute.remote(next(iter(role_specs)), "ping", (), {}) for a in actors])
     pids = ray.get([a.where.remote() for a in actors])
-    dp_sizes = dp_sizes or {}
-    return {role: RayWorkerGroup(actors, role, spec[0], dp_size=dp_sizes.get(role), hosted_roles=tuple(role_specs),
+    dp_layouts = dp_layouts or {}
+    return {role: RayWorkerGroup(actors, role, spec[0], layout=dp_layouts.get(role), hosted_roles=tuple(role_specs),
                                  pids=pids) for role, spec in role_specs.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from verl.single_controller.decorator import Dispatch, Execute, registered_methods
+from verl.single_controller.dp_layout import DataParallelLayout
 from verl.utils.user_errors import UserFacingError
 
 
@@ -41,11 +42,11 @@ def _split_proto(data, world_size: int):
 
 
 def dispatch_args(mode: Dispatch, world_size: int, args: tuple, kwargs: dict,
-                  dp_size: int | None = None) -> list[tuple[tuple, dict]]:
+                  layout: DataParallelLayout | None = None) -> list[tuple[tuple, dict]]:
     """Per-rank (args, kwargs) for a call in the given dispatch mode.
 
-    DP modes split each DataProto into ``dp_size`` chunks (default: one per rank). With ``dp_size`` < world
-    (sequence parallelism), consecutive ranks form one data-parallel group and all receive its chunk.
+    DP modes split each DataProto into one chunk per data-parallel replica of ``layout`` (default: one replica
+    per rank) and give every rank its replica's chunk.
     """
     if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
         return [(args, kwargs)] * world_size
@@ -55,26 +56,29 @@ def dispatch_args(mode: Dispatch, world_size: int, args: tuple, kwargs: dict,
             per_rank.append((tuple(a[r] for a in args), {k: v[r] for k, v in kwargs.items()}))
         return per_rank
     if mode in (Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_METRIC):
-        dp_size = dp_size or world_size
-        split_args = [_split_proto(a, dp_size) for a in args]
-        split_kwargs = {k: _split_proto(v, dp_size) for k, v in kwargs.items()}
-        per_dp = [(tuple(s[d] for s in split_args), {k: v[d] for k, v in split_kwargs.items()}) for d in range(dp_size)]
-        return [per_dp[dp_rank(r, world_size, dp_size)] for r in range(world_size)]
+        layout = _layout_for(layout, world_size)
+        split_args = [_split_proto(a, layout.dp_size) for a in args]
+        split_kwargs = {k: _split_proto(v, layout.dp_size) for k, v in kwargs.items()}
+        per_dp = [(tuple(s[d] for s in split_args), {k: v[d] for k, v in split_kwargs.items()})
+                  for d in range(layout.dp_size)]
+        return [per_dp[layout.replica_of[r]] for r in range(world_size)]
     raise ValueError(f"unknown dispatch mode {mode}")
 
 
-def dp_rank(rank: int, world_size: int, dp_size: int) -> int:
-    """Data-parallel rank of ``rank``: groups of ``world_size // dp_size`` consecutive ranks share one."""
-    return rank // (world_size // dp_size)
+def _layout_for(layout: DataParallelLayout | None, world_size: int) -> DataParallelLayout:
+    layout = layout or DataParallelLayout.blocks(world_size)
+    if layout.world_size != world_size:
+        raise ValueError(f"data-parallel layout covers {layout.world_size} ranks; the worker group has {world_size}")
+    return layout
 
 
-def collect_results(mode: Dispatch, outputs: list[Any], dp_size: int | None = None):
-    """Join per-rank outputs. DP modes given every rank's output keep one per data-parallel group (its first
-    rank): the other ranks of the group computed the same thing on the same chunk."""
+def collect_results(mode: Dispatch, outputs: list[Any], layout: DataParallelLayout | None = None):
+    """Join per-rank outputs. DP modes given every rank's output keep the one ``layout.collect_from`` names for
+    each replica, in replica order: the other ranks of a replica computed the same thing on the same chunk."""
     if mode == Dispatch.RANK_ZERO:
         return outputs[0]
-    if mode in (Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_METRIC) and dp_size and dp_size < len(outputs):
-        outputs = outputs[:: len(outputs) // dp_size]
+    if mode in (Dispatch.DP_COMPUTE_PROTO, Dispatch.DP_COMPUTE_METRIC) and layout is not None:
+        outputs = [outputs[r] for r in _layout_for(layout, len(outputs)).collect_from]
     if mode == Dispatch.DP_COMPUTE_PROTO:
         from verl.protocol import DataProto
 
@@ -87,12 +91,13 @@ def collect_results(mode: Dispatch, outputs: list[Any], dp_size: int | None = No
 class WorkerGroup:
     """Fans out every method registered on ``worker_cls``; subclasses provide ``_call_ranks``."""
 
-    def __init__(self, worker_cls: type, world_size: int, role: str | None = None, dp_size: int | None = None):
+    def __init__(self, worker_cls: type, world_size: int, role: str | None = None,
+                 layout: DataParallelLayout | None = None):
         self.world_size = world_size
         self._role = role
-        self.dp_size = dp_size or world_size  # < world_size when ranks of a sequence-parallel group share data
-        if world_size % self.dp_size:
-            raise ValueError(f"data-parallel size {self.dp_size} must divide the world size {world_size}")
+        # Which replica each rank serves; fewer replicas than ranks under sequence / model parallelism.
+        self.layout = _layout_for(layout, world_size)
+        self.dp_size = self.layout.dp_size
         for name, spec in registered_methods(worker_cls).items():
             setattr(self, name, self._make_method(name, spec))
 
@@ -103,10 +108,10 @@ class WorkerGroup:
         mode, execute = spec["dispatch_mode"], spec["execute_mode"]
 
         def call(*args, **kwargs):
-            per_rank = dispatch_args(mode, self.world_size, args, kwargs, self.dp_size)
+            per_rank = dispatch_args(mode, self.world_size, args, kwargs, self.layout)
             ranks = [0] if (execute == Execute.RANK_ZERO or mode == Dispatch.RANK_ZERO) else list(range(self.world_size))
             outputs = self._call_ranks(name, [per_rank[r] for r in ranks], ranks)
-            return collect_results(mode, outputs, self.dp_size if len(ranks) == self.world_size else None)
+            return collect_results(mode, outputs, self.layout if len(ranks) == self.world_size else None)
 
         call.__name__ = name
         call.worker_group = self  # lets the trainer pad a batch to this group's data-parallel size
@@ -152,7 +157,7 @@ class LocalWorkerGroup(WorkerGroup):
 
 
 def create_local_worker_groups(role_specs: dict[str, tuple[type, tuple, dict]],
-                               dp_sizes: dict[str, int] | None = None) -> dict[str, WorkerGroup]:
+                               dp_layouts: dict[str, DataParallelLayout] | None = None) -> dict[str, WorkerGroup]:
     """One in-process host for all roles, and one worker group per role."""
     import os
 
@@ -165,7 +170,8 @@ def create_local_worker_groups(role_specs: dict[str, tuple[type, tuple, dict]],
         os.environ["MASTER_PORT"] = str(find_free_port())
     host = ColocatedWorker(role_specs)
     groups = {role: LocalWorkerGroup(host, role, spec[0]) for role, spec in role_specs.items()}
-    for role, dp in (dp_sizes or {}).items():
-        if dp != 1:
-            raise ValueError(f"the local launcher runs one rank; role {role!r} asks for data-parallel size {dp}")
+    for role, layout in (dp_layouts or {}).items():
+        if layout.world_size != 1:
+            raise ValueError(f"the local launcher runs one rank; role {role!r} has a data-parallel layout over "
+                             f"{layout.world_size} ranks")
     return groups

@@ -82,20 +82,24 @@ def need_reward_model(cfg: DictConfig) -> bool:
     return bool(OmegaConf.select(cfg, "reward.reward_model.enable", default=False))
 
 
-def role_dp_sizes(cfg: DictConfig, specs: dict) -> dict[str, int]:
-    """Data-parallel size of each role: the world size divided by the role's Ulysses sequence-parallel size
-    (the actor's for the actor/rollout/ref worker, the critic's for the critic): the ranks of one SP group all
-    receive the same data."""
-    from verl.workers.engine_workers import ActorRolloutRefWorker, ranks_per_dp_replica
+def role_dp_layouts(cfg: DictConfig, specs: dict) -> dict:
+    """Which data-parallel replica each rank serves, per role (``DataParallelLayout``): the actor/rollout/ref
+    worker follows the actor section's engine, the critic its own (a Ulysses group, or a Megatron model-parallel
+    replica laid out pipeline-outermost); every rank of one replica receives the same data."""
+    from verl.single_controller.dp_layout import DataParallelLayout
+    from verl.workers.engine.sections import role_dp_layout
+    from verl.workers.engine_workers import ActorRolloutRefWorker
 
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-    actor_sp = ranks_per_dp_replica(cfg.actor_rollout_ref.actor)
-    critic_sp = ranks_per_dp_replica(cfg.get("critic") or {})
-    sizes = {role: world // (actor_sp if issubclass(spec[0], ActorRolloutRefWorker) else critic_sp)
-             for role, spec in specs.items()}
-    if "reward_model" in sizes:  # no sequence parallelism: every rank scores its own share
-        sizes["reward_model"] = world
-    return sizes
+    layouts = {}
+    for role, spec in specs.items():
+        if role == "reward_model":  # no model parallelism: every rank scores its own share
+            layouts[role] = DataParallelLayout.blocks(world)
+        elif issubclass(spec[0], ActorRolloutRefWorker):
+            layouts[role] = role_dp_layout(cfg.actor_rollout_ref.actor, world)
+        else:
+            layouts[role] = role_dp_layout(cfg.get("critic") or {}, world)
+    return layouts
 
 
 def launch_workers(cfg: DictConfig, specs: dict) -> dict:
@@ -109,7 +113,7 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
         world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
         if world != 1:
             raise ValueError(f"trainer.launcher=local runs one process; set trainer.n_gpus_per_node=1 (got world {world})")
-        return create_local_worker_groups(specs, dp_sizes=role_dp_sizes(cfg, specs))
+        return create_local_worker_groups(specs, dp_layouts=role_dp_layouts(cfg, specs))
     from verl.single_controller.ray import RayResourcePool, create_ray_worker_groups
 
     init_ray(cfg)
@@ -118,7 +122,7 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
     pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=not on_cpu,
                            cpus_per_worker=1, device_resource="NPU" if device == "npu" else "GPU")
     env = {"OMP_NUM_THREADS": str(threads), "VERL_CPU_THREADS": str(threads)}
-    return create_ray_worker_groups(pool, specs, env=env, dp_sizes=role_dp_sizes(cfg, specs))
+    return create_ray_worker_groups(pool, specs, env=env, dp_layouts=role_dp_layouts(cfg, specs))
 
 
 def init_ray(cfg: DictConfig) -> None:

@@ -23,7 +23,7 @@ from verl.single_controller.worker import Worker
 from verl.utils.device import get_device_name, get_torch_device, resolve_trainer_device
 from verl.utils.tokenizer import load_tokenizer_and_processor
 from verl.workers.engine import EngineRegistry
-from verl.workers.engine.sections import engine_section, ranks_per_dp_replica  # noqa: F401 (re-exported)
+from verl.workers.engine.sections import engine_section, ranks_per_dp_replica, role_dp_layout  # noqa: F401
 
 
 def _per_rank(total: int, world: int, name: str) -> int:
@@ -102,10 +102,11 @@ class ActorRolloutRefWorker(Worker):
         cfg = self.config
         world = dist.get_world_size()
         sp = int(cfg.actor.get("ulysses_sequence_parallel_size", 1))
-        replica = ranks_per_dp_replica(cfg.actor)
-        self._replica = replica  # consecutive ranks that receive the same dispatched chunk
-        self.dp_size = world // replica
-        self.dp_rank = self.rank // replica  # consecutive ranks form one sequence- / model-parallel group
+        # The same table the controller dispatches by (main_ppo.role_dp_layouts): which replica's chunk this
+        # rank receives; Megatron's replicas are not consecutive ranks.
+        self._dp_layout = role_dp_layout(cfg.actor, world)
+        self.dp_size = self._dp_layout.dp_size
+        self.dp_rank = self._dp_layout.replica_of[self.rank]
         self.tokenizer, self.processor = load_tokenizer_and_processor(cfg.model)
         self._normalize_batch_sizes()
         self._is_lora = False
@@ -346,7 +347,7 @@ class ActorRolloutRefWorker(Worker):
             return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
         # ref.ulysses_sequence_parallel_size may differ from the actor's, whose layout the data arrives in
-        return compute_in_group(data, getattr(self.ref_engine, "sp_group", None), self._replica, ref_log_prob)
+        return compute_in_group(data, getattr(self.ref_engine, "sp_group", None), self._dp_layout, ref_log_prob)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
@@ -364,7 +365,8 @@ class ActorRolloutRefWorker(Worker):
             log_probs, _ = self.teacher_policy.compute_log_prob(batch, calculate_entropy=False)
             return DataProto.from_dict(tensors={"teacher_logprobs": log_probs})
 
-        return compute_in_group(data, getattr(self.teacher_engine, "sp_group", None), self._replica, teacher_log_prob)
+        return compute_in_group(data, getattr(self.teacher_engine, "sp_group", None), self._dp_layout,
+                                teacher_log_prob)
 
     # ------------------------------------------------------------------ update
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
@@ -413,7 +415,7 @@ class CriticWorker(Worker):
 
         self.ensure_process_group()
         cfg = self.config
-        dp = dist.get_world_size() // ranks_per_dp_replica(cfg)
+        dp = role_dp_layout(cfg, dist.get_world_size()).dp_size
         with open_dict(cfg):
             cfg.ppo_mini_batch_size = _per_rank(cfg.ppo_mini_batch_size * cfg.get("rollout_n", 1), dp,
                                                 "critic.ppo_mini_batch_size*rollout.n")

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from verl.protocol import DataProto
 from verl.single_controller.decorator import Dispatch, register
+from verl.single_controller.dp_layout import DataParallelLayout
 from verl.single_controller.worker_group import WorkerGroup, collect_results, dispatch_args
 
 from test_dp_parity import make_batch
@@ -35,7 +36,8 @@ class _EchoWorker:
 class _FakeGroup(WorkerGroup):
     def __init__(self, world_size, dp_size=None):
         self.calls = []
-        super().__init__(_EchoWorker, world_size, role="actor", dp_size=dp_size)
+        super().__init__(_EchoWorker, world_size, role="actor",
+                         layout=DataParallelLayout.blocks(world_size, dp_size))
 
     def _call_ranks(self, method, per_rank, ranks):
         self.calls.append((method, ranks, per_rank))
@@ -67,7 +69,7 @@ def test_dispatch_default_is_one_chunk_per_rank():
     out = wg.compute(_rows(4))
     assert [a[0].batch["x"].tolist() for a, _ in wg.calls[-1][2]] == [[0, 1], [2, 3]]
     assert out.batch["x"].tolist() == [0, 1, 2, 3]
-    # the module-level helpers keep their old signatures and behaviour
+    # the module-level helpers default to one replica per rank
     per_rank = dispatch_args(Dispatch.DP_COMPUTE_METRIC, 2, (_rows(4),), {})
     assert [a[0].batch["x"].tolist() for a, _ in per_rank] == [[0, 1], [2, 3]]
     assert collect_results(Dispatch.DP_COMPUTE_METRIC, ["a", "b"]) == ["a", "b"]

@@ -261,15 +261,23 @@ def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
 
 
 def test_data_parallel_size_of_megatron_roles(qwen35_dir):
-    """Each data-parallel replica is TP * PP * CP consecutive ranks (the engine lays DP out outermost)."""
-    from verl.trainer.main_ppo import build_role_specs, role_dp_sizes
+    """Each data-parallel replica is TP * PP * CP ranks, laid out pipeline-outermost (tp-cp-ep-dp-pp)."""
+    from verl.trainer.main_ppo import build_role_specs, role_dp_layouts
     from verl.workers.engine_workers import ranks_per_dp_replica
 
     cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}"])
     assert ranks_per_dp_replica(cfg.actor_rollout_ref.actor) == 4  # TP 2 x PP 2
     assert ranks_per_dp_replica({"strategy": "fsdp2", "ulysses_sequence_parallel_size": 2}) == 2
     if HAS_MCORE:
-        assert role_dp_sizes(cfg, build_role_specs(cfg, use_critic=False)) == {"actor_rollout": 4}
+        layouts = role_dp_layouts(cfg, build_role_specs(cfg, use_critic=False))
+        assert {role: layout.dp_size for role, layout in layouts.items()} == {"actor_rollout": 4}
+    # Without megatron-core too: the layout is pure Python. 16 ranks, TP 2 x PP 2: replica 0 is ranks 0, 1 on
+    # stage 0 and 8, 9 on stage 1.
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    layout = role_dp_layouts(cfg, {"actor_rollout": (ActorRolloutRefWorker, (), {})})["actor_rollout"]
+    assert [r for r in range(16) if layout.replica_of[r] == 0] == [0, 1, 8, 9]
+    assert layout.collect_from == (8, 10, 12, 14)
 
 
 def test_megatron_masters_are_seeded_only_where_loading_rounded():
@@ -342,3 +350,46 @@ def test_offloaded_optimizer_state_is_on_the_gpu_only_around_the_step(monkeypatc
     else:
         assert (during_backward, after_step) == ("gpu", "gpu")
     assert where["optimizer"] == ("cpu" if optimizer_offload else "gpu")
+
+
+# ------------------------------------------------------------------------------------------ expert layouts
+def test_expert_layouts_with_pipelines_are_accepted():
+    """Ranks are laid out pipeline-outermost, so expert * expert-tensor parallelism need not equal TP with PP > 1
+    (upstream's Qwen3.5-35B script: TP 2, PP 2, EP 8, ETP 1; Qwen3-30B-A3B: TP 4, PP 2, VPP 2, EP 2)."""
+    assert settings_problems({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+                              "expert_model_parallel_size": 8, "expert_tensor_parallel_size": 1}) == []
+    s = read_settings({"tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 2,
+                       "virtual_pipeline_model_parallel_size": 2, "expert_model_parallel_size": 2})
+    assert (s.tp, s.pp, s.vpp, s.ep, s.etp) == (4, 2, 2, 2, None)
+
+
+def test_expert_layout_must_divide_the_world(qwen35_dir):
+    # 16 GPUs, PP 2: EP 16 * ETP 1 * PP 2 = 32 ranks per expert replica cannot fit.
+    problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}",
+                                           f"{M}.expert_model_parallel_size=16", f"{M}.expert_tensor_parallel_size=1"])
+    hits = [p for p in problems if f"{M}.expert_model_parallel_size" in p and "must divide the world size" in p]
+    assert hits and "(16 * 1 * 2)" in hits[0], problems
+
+
+def test_checkpoint_rank_order_is_recorded_and_checked(tmp_path):
+    """Per-rank optimizer / RNG files are keyed by global rank: a checkpoint of the old dp-outermost order is
+    refused where the orders number ranks differently (PP > 1 and DP > 1), accepted where they agree."""
+    import json
+
+    from verl.workers.engine.megatron.checkpoint import check_rank_order, write_rank_order
+
+    new = tmp_path / "new"
+    new.mkdir()
+    write_rank_order(str(new))
+    assert json.loads((new / "rank_order.json").read_text()) == {"order": "tp-cp-ep-dp-pp"}
+    check_rank_order(str(new), pp=2, dp=2)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "optim_rank_0.pt").write_bytes(b"")
+    check_rank_order(str(old), pp=1, dp=4)  # one stage: both orders number ranks alike
+    check_rank_order(str(old), pp=2, dp=1)
+    with pytest.raises(ValueError, match="rank order 'tp-cp-ep-pp-dp'"):
+        check_rank_order(str(old), pp=2, dp=2)
+    (old / "rank_order.json").write_text(json.dumps({"order": "pp-dp-tp"}))
+    with pytest.raises(ValueError, match="pipeline_model_parallel_size=1"):
+        check_rank_order(str(old), pp=1, dp=1)

@@ -54,9 +54,10 @@ def launch_pools(cfg: DictConfig, use_critic: bool) -> dict:
     """Worker groups ``actor_rollout`` (and ``critic``) on the trainer pool, ``rollout`` on the rollout pool."""
     from verl.single_controller.ray import RayResourcePool, create_ray_worker_groups
     from verl.trainer.config.validate import need_reference_policy
-    from verl.trainer.main_ppo import build_role_specs, init_ray, role_dp_sizes
+    from verl.trainer.main_ppo import build_role_specs, init_ray, role_dp_layouts
     from verl.utils.device import get_device_name
-    from verl.workers.engine_workers import ActorRolloutRefWorker, ranks_per_dp_replica
+    from verl.workers.engine.sections import role_dp_layout
+    from verl.workers.engine_workers import ActorRolloutRefWorker
 
     if cfg.reward.reward_model.get("enable"):
         # The asynchronous trainers score batches on the rollout side; the reward-model worker only runs in the
@@ -78,12 +79,12 @@ def launch_pools(cfg: DictConfig, use_critic: bool) -> dict:
     trainer_role = "actor_ref" if need_reference_policy(cfg) else "actor"
     specs["actor_rollout"] = (ActorRolloutRefWorker, (cfg.actor_rollout_ref, trainer_role), {"full_config": cfg})
     groups = create_ray_worker_groups(pool(cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes), specs, env=env,
-                                      dp_sizes=role_dp_sizes(cfg, specs))
+                                      dp_layouts=role_dp_layouts(cfg, specs))
     rollout_world = cfg.rollout.n_gpus_per_node * cfg.rollout.nnodes
     rollout_spec = {"rollout": (ActorRolloutRefWorker, (cfg.actor_rollout_ref, "rollout"), {"full_config": cfg})}
     groups.update(create_ray_worker_groups(
         pool(cfg.rollout.n_gpus_per_node, cfg.rollout.nnodes), rollout_spec, env=env,
-        dp_sizes={"rollout": rollout_world // ranks_per_dp_replica(cfg.actor_rollout_ref.actor)}))
+        dp_layouts={"rollout": role_dp_layout(cfg.actor_rollout_ref.actor, rollout_world)}))
     return groups
 
 

@@ -120,7 +120,26 @@ def _parallel_dp_size(c: Checker, section: str, strategy: str, world: int) -> Op
         what = f"* {others} ({replica})" if others else f"({replica})"
         c.fail(f"{section}.{keys[0]}", f"{what} must divide the world size ({world}).")
         return None
+    if strategy == "megatron" and not _expert_layout_fits(c, section, sizes[0], sizes[1], world):
+        return None
     return world // replica
+
+
+def _expert_layout_fits(c: Checker, section: str, tp: int, pp: int, world: int) -> bool:
+    """megatron-core splits every pipeline stage of the expert layers into expert-tensor * expert parallel groups
+    (the rest is their data parallelism), so that product times the pipeline size must divide the world."""
+    m = f"{section}.megatron"
+    ep = c.integer(f"{m}.expert_model_parallel_size", minimum=1)
+    etp = c.get(f"{m}.expert_tensor_parallel_size")
+    etp = tp if etp in (None, UNSET) else c.integer(f"{m}.expert_tensor_parallel_size", minimum=1)
+    if ep is None or etp is None:
+        return False
+    if world % (etp * ep * pp):
+        c.fail(f"{m}.expert_model_parallel_size",
+               f"* expert_tensor_parallel_size * pipeline_model_parallel_size ({ep} * {etp} * {pp}) must divide "
+               f"the world size ({world}).")
+        return False
+    return True
 
 
 def sequence_parallel_size(c: Checker, section: str, packing_key: str, packing_name: str, engine: str):
@@ -181,6 +200,9 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
                                "fsdp_config")
         check_fsdp_precision(c, f"{a}.fsdp_config")
 
+    # The parallel layout must fit the world whatever the batch sizing (a user-registered engine lays ranks out
+    # its own way: only the checks here apply to it).
+    dp = _parallel_dp_size(c, a, strategy, world) if world is not None and strategy in ("fsdp2", "megatron") else None
     if c.flag(f"{a}.use_dynamic_bsz"):
         c.integer(f"{a}.ppo_max_token_len_per_gpu", minimum=1)
         return
@@ -195,9 +217,6 @@ def check_actor(c: Checker, world: Optional[int]) -> None:
     elif train_bs % mini:
         c.fail(f"{a}.ppo_mini_batch_size",
                f"({mini}) must divide data.train_batch_size ({train_bs}) so every PPO step gets whole mini-batches.")
-    if world is None or strategy not in ("fsdp2", "megatron"):
-        return  # a user-registered engine lays ranks out its own way: only the checks above apply
-    dp = _parallel_dp_size(c, a, strategy, world)
     if dp is None:
         return
     per_gpu = c.get(f"{a}.ppo_micro_batch_size_per_gpu")

@@ -143,7 +143,7 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ helpers
     def _dp_size(self, method) -> int:
-        """Data-parallel size of the worker group ``method`` belongs to (world / Ulysses SP size)."""
+        """Data-parallel size of the worker group ``method`` belongs to (its layout's number of replicas)."""
         return getattr(getattr(method, "worker_group", None), "dp_size", None) or self.world_size
 
     def _dp_call(self, method, data: DataProto) -> DataProto:

@@ -5,11 +5,14 @@ the workers and by config validation so neither branches on the engine's name.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Optional
+
+from verl.single_controller.dp_layout import DataParallelLayout
 
 from verl.utils.registry import Registry
 
-__all__ = ["ENGINE_SECTIONS", "EngineSections", "engine_section", "engine_sections", "ranks_per_dp_replica"]
+__all__ = ["ENGINE_SECTIONS", "EngineSections", "engine_section", "engine_sections", "ranks_per_dp_replica",
+           "role_dp_layout"]
 
 
 @dataclass(frozen=True)
@@ -17,8 +20,11 @@ class EngineSections:
     # Keys of the engine's section in a role section, first present wins (dotted: a nested section).
     engine_keys: tuple[str, ...]
     # Settings (dotted, relative to the role section) whose product is the ranks of one data-parallel replica:
-    # consecutive ranks that receive the same data.
+    # the ranks that receive the same data.
     replica_keys: tuple[str, ...]
+    # (world size, values of replica_keys in order) -> which replica each rank serves. None: blocks of
+    # consecutive ranks (DataParallelLayout.blocks).
+    dp_layout: Optional[Callable[[int, tuple[int, ...]], DataParallelLayout]] = None
 
 
 ENGINE_SECTIONS = Registry("engine config layout", config_key="strategy")
@@ -39,13 +45,31 @@ def _select(section: Any, dotted: str) -> Any:
     return node
 
 
+def _replica_sizes(role_cfg) -> tuple[int, ...]:
+    return tuple(int(_select(role_cfg, key) or 1)
+                 for key in engine_sections(_select(role_cfg, "strategy")).replica_keys)
+
+
 def ranks_per_dp_replica(role_cfg) -> int:
-    """Consecutive ranks that receive the same data: a Ulysses group (FSDP) or one model-parallel replica
-    (Megatron: tensor * pipeline * context parallel; its engine lays ranks out so that DP is outermost)."""
+    """Ranks that receive the same data: a Ulysses group (FSDP) or one model-parallel replica (Megatron:
+    tensor * pipeline * context parallel). Where they sit is :func:`role_dp_layout`'s answer."""
     size = 1
-    for key in engine_sections(_select(role_cfg, "strategy")).replica_keys:
-        size *= int(_select(role_cfg, key) or 1)
+    for v in _replica_sizes(role_cfg):
+        size *= v
     return size
+
+
+def role_dp_layout(role_cfg, world_size: int) -> DataParallelLayout:
+    """Which data-parallel replica each of ``world_size`` ranks serves for a role section (``strategy`` picks the
+    engine's registered layout): the worker group dispatches by it, and the workers read their replica from it."""
+    sections = engine_sections(_select(role_cfg, "strategy"))
+    sizes = _replica_sizes(role_cfg)
+    if sections.dp_layout is not None:
+        return sections.dp_layout(world_size, sizes)
+    replica = ranks_per_dp_replica(role_cfg)
+    if world_size % replica:
+        raise ValueError(f"{' * '.join(sections.replica_keys)} ({replica}) must divide the world size ({world_size})")
+    return DataParallelLayout.blocks(world_size, world_size // replica)
 
 
 def engine_section(role_cfg, strategy: str):

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from .layout import RANK_ORDER
 from .settings import MegatronSettings
 
 logger = logging.getLogger(__name__)
@@ -52,10 +53,11 @@ def init_parallel_state(s: MegatronSettings) -> None:
         if world % s.model_parallel_size:
             raise ValueError(f"tensor * pipeline * context parallel size ({s.model_parallel_size}) must divide the "
                              f"world size ({world}); change actor_rollout_ref.actor.megatron.*_parallel_size")
-        # DP outermost ("...-pp-dp"): each data-parallel replica is a block of consecutive ranks, which is how
-        # the worker group hands out data (verl.single_controller.worker_group.dp_rank).
+        # Pipeline outermost (megatron-core's default order): the dense and expert pipeline groups then coincide
+        # for any expert * expert-tensor parallel size. A data-parallel replica is therefore not a block of
+        # consecutive ranks; the controller dispatches by layout.megatron_dp_layout, the same decomposition.
         ps.initialize_model_parallel(
-            order="tp-cp-ep-pp-dp",
+            order=RANK_ORDER,
             tensor_model_parallel_size=s.tp, pipeline_model_parallel_size=s.pp,
             virtual_pipeline_model_parallel_size=s.vpp if (s.vpp or 1) > 1 else None,
             context_parallel_size=s.cp, expert_model_parallel_size=s.ep, expert_tensor_parallel_size=s.etp)

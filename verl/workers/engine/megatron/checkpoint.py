@@ -6,7 +6,8 @@ Two layouts under the role's directory (``global_step_N/actor/``):
   model-parallel shard (written by the first data-parallel replica that owns it), ``optim_rank_{r}.pt`` the
   rank's slice of the distributed optimizer (fp32 master weights and Adam moments, bit-exact), and
   ``extra_state_rank_{r}.pt`` the LR scheduler and every RNG (torch, CUDA, numpy, random and megatron's
-  tensor-parallel RNG tracker). Resuming needs the same TP/PP/EP/DP sizes.
+  tensor-parallel RNG tracker). Resuming needs the same TP/PP/EP/DP sizes, and the same rank order
+  (``rank_order.json``: the per-rank files are keyed by global rank).
 * ``use_dist_checkpointing=true``: megatron-core's distributed checkpoint of the model and optimizer in
   ``dist_ckpt/`` (reshardable by megatron-core), extras as above.
 
@@ -17,6 +18,7 @@ checkpoint under ``checkpoint.strict`` (:mod:`verl.utils.checkpoint.hf_export`).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from typing import Optional
@@ -28,7 +30,12 @@ import torch.distributed as dist
 # ``engine`` arguments are the MegatronEngine (verl.workers.engine.megatron.engine), which calls in here; its
 # name is only written in annotations so that this module does not import the engine back.
 
-__all__ = ["load_checkpoint", "save_checkpoint", "save_hf_checkpoint"]
+__all__ = ["check_rank_order", "load_checkpoint", "save_checkpoint", "save_hf_checkpoint", "write_rank_order"]
+
+_ORDER_FILE = "rank_order.json"
+# The order this engine used before pipeline parallelism moved outermost; it numbered ranks the same way only
+# with one pipeline stage or one data-parallel replica.
+_OLD_ORDER = "tp-cp-ep-pp-dp"
 
 
 def _contents(engine: "MegatronEngine", key: str) -> list[str]:
@@ -50,6 +57,35 @@ def _load(path: str):
     from verl.utils.checkpoint.step_dirs import torch_load
 
     return torch_load(path)  # a truncated file is an error naming it
+
+
+def write_rank_order(local_path: str) -> None:
+    from .layout import RANK_ORDER
+
+    with open(os.path.join(local_path, _ORDER_FILE), "w") as f:
+        json.dump({"order": RANK_ORDER}, f)
+
+
+def check_rank_order(local_path: str, pp: int, dp: int) -> None:
+    """Refuse per-rank files (``optim_rank_*``, ``extra_state_rank_*``) written under another rank order: the
+    same global rank would hold another shard. Checkpoints without ``rank_order.json`` predate it and used
+    ``tp-cp-ep-pp-dp``, which numbers ranks like today's order only with PP 1 or DP 1."""
+    from .layout import RANK_ORDER
+
+    path = os.path.join(local_path, _ORDER_FILE)
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f).get("order")
+    elif pp > 1 and dp > 1 and os.path.isdir(local_path) and any(
+            f.startswith(("optim_rank_", "extra_state_rank_")) for f in os.listdir(local_path)):
+        saved = _OLD_ORDER
+    else:
+        return
+    if saved != RANK_ORDER:
+        raise ValueError(f"{local_path} was saved with Megatron rank order {saved!r}; this engine numbers ranks "
+                         f"{RANK_ORDER!r}, so its per-rank optimizer / RNG files would load into the wrong ranks at "
+                         f"pipeline_model_parallel_size={pp} with {dp} data-parallel replicas. Resume it with the "
+                         "version that wrote it, or start from its huggingface/ export (actor_rollout_ref.model.path)")
 
 
 def _coords() -> dict:
@@ -126,6 +162,8 @@ def save_checkpoint(engine: "MegatronEngine", local_path: str, global_step: int 
     contents = _contents(engine, "save_contents")
     rank = dist.get_rank()
     os.makedirs(local_path, exist_ok=True)
+    if rank == 0:
+        write_rank_order(local_path)
     engine.to("device", model=True, optimizer=True, grad=False)
     s = engine.settings
     if s.use_dist_checkpointing and ("model" in contents or "optimizer" in contents):
@@ -148,8 +186,9 @@ def save_checkpoint(engine: "MegatronEngine", local_path: str, global_step: int 
 def load_checkpoint(engine: "MegatronEngine", local_path: str) -> None:
     contents = _contents(engine, "load_contents")
     rank = dist.get_rank()
-    engine.to("device", model=True, optimizer=True, grad=False)
     s = engine.settings
+    check_rank_order(local_path, s.pp, engine.dp_size)
+    engine.to("device", model=True, optimizer=True, grad=False)
     if s.use_dist_checkpointing and ("model" in contents or "optimizer" in contents):
         _load_dist(engine, os.path.join(local_path, "dist_ckpt"), contents)
     else:

@@ -97,16 +97,6 @@ def settings_problems(section: Mapping, prefix: str = "actor_rollout_ref.actor.m
     if isinstance(vpp, int) and vpp > 1 and _get(section, "pipeline_model_parallel_size", 1) < 2:
         problems.append(f"{prefix}.virtual_pipeline_model_parallel_size needs pipeline_model_parallel_size > 1; "
                         "set it to null.")
-    pp, ep = _get(section, "pipeline_model_parallel_size", 1), _get(section, "expert_model_parallel_size", 1)
-    tp = _get(section, "tensor_model_parallel_size", 1)
-    etp = _get(section, "expert_tensor_parallel_size") or tp
-    if all(isinstance(v, int) for v in (pp, ep, tp, etp)) and pp > 1 and ep > 1 and ep * etp != tp:
-        # Data parallelism is laid out outermost (replicas are consecutive rank blocks, as the worker group
-        # dispatches); megatron-core allows that with pipelines only when experts and dense layers have the
-        # same data-parallel size.
-        problems.append(f"{prefix}.expert_model_parallel_size: with pipeline_model_parallel_size > 1, "
-                        f"expert_model_parallel_size * expert_tensor_parallel_size ({ep} * {etp}) must equal "
-                        f"tensor_model_parallel_size ({tp}) here; change one of them.")
     dtype = str(_get(section, "dtype", "bfloat16"))
     if dtype not in _DTYPES:
         problems.append(f"{prefix}.dtype={dtype!r} is not supported; use bfloat16 or float32 "
