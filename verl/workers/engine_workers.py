@@ -216,8 +216,12 @@ class ActorRolloutRefWorker(Worker):
 
             self.agent_loop = AgentLoopManager(self.full_config, self.rollout, self.tokenizer, self.processor,
                                                model_config=module.config)
+        from verl.workers.sp_regroup import consecutive_group
         from verl.workers.weight_sync.cycle import RolloutCycle
 
+        # An engine shared by consecutive ranks (vLLM TP under the external launcher) needs one batch on all of
+        # them, whatever replica each rank serves for the actor (Megatron's ranks are pipeline-outermost).
+        self._rollout_group = consecutive_group(int(getattr(self.rollout, "spmd_ranks", 1) or 1))
         # Sleep after generating, wake weights -> sync -> wake KV cache before generating (free_cache_engine).
         self.rollout_cycle = RolloutCycle(self.rollout, self._sync_rollout_weights)
 
@@ -283,15 +287,18 @@ class ActorRolloutRefWorker(Worker):
     @profiled_task("rollout", "rollout_generate")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         from verl.workers.rollout.batching import generate_sequences
+        from verl.workers.sp_regroup import compute_in_group
 
         t0 = time.time()
         prompts.meta_info.setdefault("response_length", self.config.rollout.response_length)
         self.rollout_cycle.before_generate()
-        try:
+        def run(batch: DataProto) -> DataProto:
             if self.agent_loop is not None:
-                out = self.agent_loop.generate_sequences(prompts)
-            else:
-                out = generate_sequences(self.rollout, prompts, self.config.rollout, self.eos_ids, self.pad_token_id)
+                return self.agent_loop.generate_sequences(batch)
+            return generate_sequences(self.rollout, batch, self.config.rollout, self.eos_ids, self.pad_token_id)
+
+        try:
+            out = compute_in_group(prompts, self._rollout_group, self._dp_layout, run)
         finally:
             self.rollout_cycle.after_generate()
         self._stamp_weight_version(out)

@@ -64,6 +64,10 @@ class BaseRollout(ABC):
     #: True for engines that generate with the actor's own module (built with ``module=``, no weight copies: the
     #: worker hands them the actor engine's ``hf_rollout_module()`` and syncs that module instead of streaming).
     generates_with_training_module: bool = False
+    #: How many consecutive trainer ranks run one engine instance together (SPMD: vLLM's tensor / pipeline
+    #: parallelism under its external launcher). Every rank of such a block must be handed the same requests;
+    #: the worker regroups the dispatched prompts for it (``verl.workers.sp_regroup.compute_in_group``).
+    spmd_ranks: int = 1
 
     @abstractmethod
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[GenerationOutput]]:

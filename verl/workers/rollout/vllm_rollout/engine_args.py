@@ -268,3 +268,11 @@ def to_generation_outputs(request_output: Any, want_logprobs: bool) -> list[Gene
         reason = c.finish_reason or "length"
         outs.append(GenerationOutput(ids, lps, "stop" if reason == "stop" else reason))
     return outs
+
+
+def spmd_ranks(llm_kwargs: dict) -> int:
+    """Trainer ranks that share one colocated engine (external launcher): tensor x pipeline parallel size. A
+    rank-private engine (no external launcher) is one rank's alone."""
+    if llm_kwargs.get("distributed_executor_backend") != "external_launcher":
+        return 1
+    return int(llm_kwargs.get("tensor_parallel_size", 1)) * int(llm_kwargs.get("pipeline_parallel_size", 1))

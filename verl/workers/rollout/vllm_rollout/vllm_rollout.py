@@ -41,6 +41,7 @@ from verl.workers.weight_sync import (
 from .engine_args import (
     bucket_megabytes,
     build_llm_kwargs,
+    spmd_ranks,
     to_generation_outputs,
     vllm_sampling_kwargs,
     without_flashinfer,
@@ -153,6 +154,7 @@ class vLLMRollout(BaseRollout):
                                   standalone=standalone, model_path=path,
                                   in_process_group=_launched_rank())
         self.free_cache_engine = bool(config.get("free_cache_engine", True)) if hasattr(config, "get") else True
+        self.spmd_ranks = spmd_ranks(kwargs)
         self.llm = self._create_engine(kwargs)
         self._sleep_supported = self._sleep_mode_available() and kwargs.get("enable_sleep_mode", False)
         if self.free_cache_engine and not self._sleep_supported:
