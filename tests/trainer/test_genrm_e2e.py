@@ -1,0 +1,121 @@
+"""GRPO with a generative reward model (upstream's GenRM route): the tiny Qwen3.5 judges its own responses.
+
+``reward.reward_model.enable`` with a causal-LM ``model_path`` and ``reward.custom_reward_function.path`` pointing at
+the built-in GenRM scorer: every response is put into the prompt template, the judge generates a verdict through
+the built-in rollout (greedy here, so the test can regenerate it with Hugging Face), the parser turns it into the
+reward, and the router's and parser's counters are logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.trainer.e2e_utils import REPO, demo_dir
+
+FAST = ["trainer.launcher=local", "trainer.val_before_train=false", "trainer.test_freq=-1", "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "trainer.total_training_steps=2"]
+TEMPLATE = "Q: {problem}\nA: {solution}\nScore {score_min}-{score_max}:"
+MAX_TOKENS = 6
+DEFAULT_SCORE = -1.0
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    import pandas as pd
+
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+    from verl.trainer.demo import make_rows
+
+    root = tmp_path_factory.mktemp("genrm")
+    build_tiny_qwen3_5(root / "judge", kind="dense", seed=7)
+    for split, n, seed in (("train", 64, 0), ("test", 8, 1)):
+        rows = make_rows(n, seed=seed, split=split)
+        for r in rows:  # upstream's preprocessing keeps the question in extra_info, where the GenRM scorer reads it
+            r["extra_info"]["question"] = r["prompt"][0]["content"]
+        pd.DataFrame(rows).to_parquet(root / f"{split}.parquet")
+    return root
+
+
+def _genrm_keys(root) -> list[str]:
+    return [f"data.train_files={root / 'train.parquet'}", f"data.val_files={root / 'test.parquet'}",
+            "reward.reward_model.enable=true", f"reward.reward_model.model_path={root / 'judge'}",
+            "reward.reward_model.rollout.name=hf", "reward.reward_model.rollout.do_sample=false",
+            "reward.custom_reward_function.path=pkg://verl.utils.reward_score.genrm",
+            "reward.custom_reward_function.name=compute_score",
+            f"+reward.custom_reward_function.reward_kwargs.template='{TEMPLATE}'",
+            f"+reward.custom_reward_function.reward_kwargs.max_tokens={MAX_TOKENS}",
+            f"+reward.custom_reward_function.reward_kwargs.default_score={DEFAULT_SCORE}"]
+
+
+def test_grpo_rewards_are_the_judges_parsed_verdicts(tmp_path, assets):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl.utils.reward_score.genrm import parse_verdict, render_prompt
+
+    out, log = tmp_path / "records.json", tmp_path / "metrics.jsonl"
+    env = dict(os.environ, VERL_DEMO_DIR=demo_dir(), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               VERL_FILE_LOGGER_PATH=str(log), PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, str(REPO / "tests/trainer/rm_e2e_driver.py"), str(out), "--config-name", "demo",
+           f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.logger=[console,file]", *FAST,
+           *_genrm_keys(assets)]
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    records = json.loads(out.read_text())["records"]
+    assert sorted({r["step"] for r in records}) == [1, 2] and len(records) == 2 * 4 * 4
+
+    from verl.trainer.main_ppo import load_config
+
+    policy_tok = AutoTokenizer.from_pretrained(load_config(["--config-name", "demo"]).actor_rollout_ref.model.path)
+    judge_tok = AutoTokenizer.from_pretrained(str(assets / "judge"))
+    judge = AutoModelForCausalLM.from_pretrained(str(assets / "judge"), dtype=torch.float32).eval()
+    statuses = []
+    for r in records:
+        solution = policy_tok.decode(r["response_ids"], skip_special_tokens=True)
+        prompt = render_prompt(TEMPLATE, r["raw_prompt"][0]["content"], solution, "", 1, 10)
+        text = judge_tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             tokenize=False)
+        ids = torch.tensor([judge_tok(text, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():  # the judge's greedy verdict, regenerated outside the trainer
+            gen = judge.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                 eos_token_id=judge_tok.eos_token_id, pad_token_id=judge_tok.pad_token_id)
+        want = judge_tok.decode(gen[0, ids.size(1):], skip_special_tokens=True)
+        assert r["genrm_response"] == want  # the judge saw this template and generated this verdict
+        verdict = parse_verdict(want, 1, 10)
+        assert r["genrm_verdict"] == verdict.status
+        score = verdict.score if verdict.status == "ok" else DEFAULT_SCORE
+        last = len(r["response_ids"]) - 1
+        assert r["token_level_scores"][last] == pytest.approx(score)  # the parsed verdict is the reward
+        assert sum(r["token_level_scores"]) == pytest.approx(score)
+        statuses.append((r["step"], verdict.status))
+
+    steps = {}
+    for line in log.read_text().splitlines():
+        rec = json.loads(line)
+        if "reward/genrm/requests" in rec["data"]:
+            steps[rec["step"]] = rec["data"]
+    assert sorted(steps) == [1, 2]
+    for step, m in steps.items():
+        assert m["reward/genrm/requests"] == 16  # one judge request per response, batched by the router
+        assert m["reward/genrm/generate_calls"] >= 1
+        for status in ("ok", "missing", "malformed", "out_of_range"):
+            assert m[f"reward/genrm/verdict_{status}"] == sum(1 for s, v in statuses if s == step and v == status)
+
+
+def test_genrm_refusals(tmp_path, assets):
+    from tests.trainer.e2e_utils import run_main_ppo
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+
+    seq_cls = tmp_path / "rm"
+    build_tiny_qwen3_5(seq_cls, kind="seq_cls", seed=3)
+    keys = [k for k in _genrm_keys(assets) if "model_path" not in k] + [f"reward.reward_model.model_path={seq_cls}"]
+    proc, _ = run_main_ppo(tmp_path / "seqcls", FAST + keys, check=False)
+    assert proc.returncode != 0 and "needs a causal LM judge" in proc.stderr
+    proc, _ = run_main_ppo(tmp_path / "pool", FAST + _genrm_keys(assets) + [
+        "reward.reward_model.enable_resource_pool=true"], check=False)
+    assert proc.returncode != 0 and "reward.reward_model.enable_resource_pool" in proc.stderr
