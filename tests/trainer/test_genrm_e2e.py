@@ -23,6 +23,7 @@ FAST = ["trainer.launcher=local", "trainer.val_before_train=false", "trainer.tes
 TEMPLATE = "Q: {problem}\nA: {solution}\nScore {score_min}-{score_max}:"
 MAX_TOKENS = 6
 DEFAULT_SCORE = -1.0
+KWARGS = "reward.custom_reward_function.reward_kwargs"  # bound to the scorer: its template and options
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +49,8 @@ def _genrm_keys(root) -> list[str]:
             "reward.reward_model.rollout.name=hf", "reward.reward_model.rollout.do_sample=false",
             "reward.custom_reward_function.path=pkg://verl.utils.reward_score.genrm",
             "reward.custom_reward_function.name=compute_score",
-            f"+reward.custom_reward_function.reward_kwargs.template='{TEMPLATE}'",
-            f"+reward.custom_reward_function.reward_kwargs.max_tokens={MAX_TOKENS}",
-            f"+reward.custom_reward_function.reward_kwargs.default_score={DEFAULT_SCORE}"]
+            f"+{KWARGS}.template='{TEMPLATE}'", f"+{KWARGS}.max_tokens={MAX_TOKENS}",
+            f"+{KWARGS}.default_score={DEFAULT_SCORE}"]
 
 
 def test_grpo_rewards_are_the_judges_parsed_verdicts(tmp_path, assets):
@@ -108,14 +108,12 @@ def test_grpo_rewards_are_the_judges_parsed_verdicts(tmp_path, assets):
 
 
 def test_genrm_refusals(tmp_path, assets):
+    # (A sequence-classification judge is refused in tests/trainer/test_reward_model_e2e.py.)
     from tests.trainer.e2e_utils import run_main_ppo
-    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
-    seq_cls = tmp_path / "rm"
-    build_tiny_qwen3_5(seq_cls, kind="seq_cls", seed=3)
-    keys = [k for k in _genrm_keys(assets) if "model_path" not in k] + [f"reward.reward_model.model_path={seq_cls}"]
-    proc, _ = run_main_ppo(tmp_path / "seqcls", FAST + keys, check=False)
-    assert proc.returncode != 0 and "needs a causal LM judge" in proc.stderr
     proc, _ = run_main_ppo(tmp_path / "pool", FAST + _genrm_keys(assets) + [
         "reward.reward_model.enable_resource_pool=true"], check=False)
     assert proc.returncode != 0 and "reward.reward_model.enable_resource_pool" in proc.stderr
+    proc, _ = run_main_ppo(tmp_path / "remax", FAST + _genrm_keys(assets) + ["algorithm.adv_estimator=remax"],
+                           check=False)
+    assert proc.returncode != 0 and "algorithm.adv_estimator" in proc.stderr

@@ -73,6 +73,11 @@ def check_reward(c: Checker) -> None:
                                               f"({current!r}); keep only the latter.")
 
 
+# reward.reward_model.rollout keys a generative judge reads (request defaults and limits), with upstream's defaults.
+_JUDGE_ONLY_KEYS = {"temperature": 1.0, "top_k": -1, "top_p": 1, "do_sample": True, "prompt_length": 2048,
+                    "response_length": 2048}
+
+
 def check_reward_model(c: Checker, manager: str | None = None) -> None:
     """reward.reward_model.enable=true, colocated: a discriminative (sequence-classification) reward model, or, with
     a custom reward function (upstream's GenRM route), a generative judge the function queries."""
@@ -99,6 +104,12 @@ def check_reward_model(c: Checker, manager: str | None = None) -> None:
             c.fail("reward.reward_manager.name", f"is {manager!r}, whose manager does not take "
                                                  "reward_router_address: with a generative reward model (a custom "
                                                  "function and reward.reward_model.enable) use naive, dapo or gdpo.")
+    if not generative:
+        for key, default in _JUDGE_ONLY_KEYS.items():
+            value = c.get(f"{rm}.rollout.{key}")
+            if value not in (UNSET, None) and value != default:
+                c.warn(f"{rm}.rollout.{key}={value!r} has no effect on a discriminative reward model (it scores with "
+                       "a forward pass); it sets a generative judge's requests (with a custom reward function).")
     if c.get("algorithm.adv_estimator") == "remax":
         c.fail("algorithm.adv_estimator", "is remax with reward.reward_model.enable=true: the greedy baseline is "
                                           "scored by the reward function only here; pick another estimator.")
