@@ -21,7 +21,7 @@ FAST = ["trainer.launcher=local", "trainer.val_before_train=false", "trainer.tes
         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "trainer.total_training_steps=2"]
 TEMPLATE = "Q: {problem}\nA: {solution}\nScore {score_min}-{score_max}:"
-MAX_TOKENS = 6
+MAX_TOKENS = 1
 DEFAULT_SCORE = -1.0
 KWARGS = "reward.custom_reward_function.reward_kwargs"  # bound to the scorer: its template and options
 
@@ -34,7 +34,36 @@ def assets(tmp_path_factory):
     from verl.trainer.demo import make_rows
 
     root = tmp_path_factory.mktemp("genrm")
-    build_tiny_qwen3_5(root / "judge", kind="dense", seed=7)
+    judge = build_tiny_qwen3_5(root / "judge", kind="dense", seed=7, tie_word_embeddings=False)
+    # A random judge's greedy verdicts are all alike (the same unparsable character). Give its LM head two live
+    # rows, "7" and "a", along opposite directions across which the judge's last hidden states spread: the verdict
+    # is "7" (a valid score) or "a" (no verdict) by the side a response falls on, so the rewards differ.
+    import random
+
+    from transformers import AutoTokenizer
+
+    from verl.utils.reward_score.genrm import render_prompt
+
+    tok = AutoTokenizer.from_pretrained(str(root / "judge"))
+    rng, states = random.Random(0), []
+    head = judge.get_output_embeddings()
+    hook = head.register_forward_hook(lambda mod, inp, out: states.append(inp[0][0, -1].detach()))
+    for _ in range(32):
+        answer = "".join(rng.choice("ABCDEFGH \n") for _ in range(rng.randint(1, 12)))
+        text = tok.apply_chat_template([{"role": "user", "content": render_prompt(TEMPLATE, "Repeat: A", answer)}],
+                                       add_generation_prompt=True, tokenize=False)
+        with torch.no_grad():
+            judge(input_ids=torch.tensor([tok(text, add_special_tokens=False)["input_ids"]]))
+    hook.remove()
+    h = torch.stack(states)
+    mean = h.mean(0)
+    spread = torch.linalg.svd(h - mean, full_matrices=False).Vh[0]
+    direction = spread - (spread @ mean) / (mean @ mean) * mean  # orthogonal to the common part
+    with torch.no_grad():
+        head.weight.zero_()
+        head.weight[tok.convert_tokens_to_ids("7")] = direction
+        head.weight[tok.convert_tokens_to_ids("a")] = -direction
+    judge.save_pretrained(str(root / "judge"))
     for split, n, seed in (("train", 64, 0), ("test", 8, 1)):
         rows = make_rows(n, seed=seed, split=split)
         for r in rows:  # upstream's preprocessing keeps the question in extra_info, where the GenRM scorer reads it
@@ -93,6 +122,7 @@ def test_grpo_rewards_are_the_judges_parsed_verdicts(tmp_path, assets):
         assert r["token_level_scores"][last] == pytest.approx(score)  # the parsed verdict is the reward
         assert sum(r["token_level_scores"]) == pytest.approx(score)
         statuses.append((r["step"], verdict.status))
+    assert {v for _, v in statuses} == {"ok", "missing"}  # both kinds of verdict reached the reward
 
     steps = {}
     for line in log.read_text().splitlines():

@@ -149,3 +149,17 @@ def test_rollout_keys_are_the_judges_request_defaults_and_limits(tokenizer):
     assert ok == 200 and (p.temperature, p.top_p, p.top_k, p.max_tokens) == (0.25, 0.75, 3, 9)
     assert too_many == 400 and "reward.reward_model.rollout.response_length=9" in reply["error"]["message"]
     assert too_long == 400 and "reward.reward_model.rollout.prompt_length=40" in reply2["error"]["message"]
+
+
+def test_many_simultaneous_connections_are_all_served(tokenizer):
+    # More connections at once than a default listen backlog (5): none may be reset.
+    router = _router(tokenizer, lambda prompts, params: [[([], "stop")] for _ in prompts])
+    codes = []
+    threads = [threading.Thread(target=lambda: codes.append(_post(router, {"messages": [
+        {"role": "user", "content": "q"}]})[0])) for _ in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    router.close()
+    assert codes == [200] * 64

@@ -30,6 +30,13 @@ _SUPPORTED = {"messages", "temperature", "top_p", "top_k", "max_tokens", "max_co
               "stream", "logprobs"}
 
 
+class _Server(ThreadingHTTPServer):
+    # A reward manager opens up to 64 connections at once; the socket module's default backlog of 5 would reset
+    # the ones beyond it.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 class RequestError(ValueError):
     """A request the router refuses (answered with HTTP 400 and this message)."""
 
@@ -81,8 +88,7 @@ class GenRMRouter:
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._lock = threading.Lock()
         self._stats = {"requests": 0, "generate_calls": 0, "completion_tokens": 0, "generate_s": 0.0}
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), _handler_for(self))
         threading.Thread(target=self._server.serve_forever, name="genrm-router", daemon=True).start()
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="genrm-batcher", daemon=True)
         self._dispatcher.start()
