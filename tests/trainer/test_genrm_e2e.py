@@ -92,7 +92,7 @@ def test_grpo_rewards_are_the_judges_parsed_verdicts(tmp_path, assets):
                VERL_FILE_LOGGER_PATH=str(log), PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     cmd = [sys.executable, str(REPO / "tests/trainer/rm_e2e_driver.py"), str(out), "--config-name", "demo",
            f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.logger=[console,file]", *FAST,
-           *_genrm_keys(assets)]
+           *_genrm_keys(assets), "trainer.test_freq=2", "data.val_batch_size=4"]
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-6000:]
     records = json.loads(out.read_text())["records"]
@@ -124,11 +124,14 @@ def test_grpo_rewards_are_the_judges_parsed_verdicts(tmp_path, assets):
         statuses.append((r["step"], verdict.status))
     assert {v for _, v in statuses} == {"ok", "missing"}  # both kinds of verdict reached the reward
 
-    steps = {}
+    steps, val = {}, {}
     for line in log.read_text().splitlines():
         rec = json.loads(line)
         if "reward/genrm/requests" in rec["data"]:
             steps[rec["step"]] = rec["data"]
+        val.update({k: v for k, v in rec["data"].items() if k.startswith("val-aux/genrm/")})
+    # Validation after step 2 was judged too (its 8 prompts, one response each), counted apart from training.
+    assert sum(val[f"val-aux/genrm/verdict_{s}"] for s in ("ok", "missing", "malformed", "out_of_range")) == 8
     assert sorted(steps) == [1, 2]
     for step, m in steps.items():
         assert m["reward/genrm/requests"] == 16  # one judge request per response, batched by the router

@@ -101,7 +101,9 @@ def role_dp_sizes(cfg: DictConfig, specs: dict) -> dict[str, int]:
     critic_sp = ranks_per_dp_replica(cfg.get("critic") or {})
     sizes = {role: world // (actor_sp if issubclass(spec[0], ActorRolloutRefWorker) else critic_sp)
              for role, spec in specs.items()}
-    for role in ("reward_model", "genrm"):  # no sequence parallelism: every rank scores its own share
+    from verl.trainer.ppo.genrm import GENRM_ROLE
+
+    for role in ("reward_model", GENRM_ROLE):  # no sequence parallelism: every rank scores its own share
         if role in sizes:
             sizes[role] = world
     return sizes
@@ -207,11 +209,16 @@ def run_ppo(cfg: DictConfig, launch=None, make_trainer=None, prompts_per_step: i
     from verl.trainer.ppo.rollout_corr import prepare_bypass_config
 
     prepare_bypass_config(cfg)  # bypass_mode hands the actor its loss before the workers start
-    groups = (launch or (lambda c, critic: launch_workers(c, build_role_specs(c, critic))))(cfg, use_critic)
-    for wg in groups.values():
-        wg.init_model()
-    trainer = (make_trainer or RayPPOTrainer)(cfg, tokenizer, groups, train_ds, val_ds, collate_fn, reward_fn,
-                                              val_reward_fn, processor=processor)
+    try:
+        groups = (launch or (lambda c, critic: launch_workers(c, build_role_specs(c, critic))))(cfg, use_critic)
+        for wg in groups.values():
+            wg.init_model()
+        trainer = (make_trainer or RayPPOTrainer)(cfg, tokenizer, groups, train_ds, val_ds, collate_fn, reward_fn,
+                                                  val_reward_fn, processor=processor)
+    except BaseException:
+        if router is not None:  # its port and threads go with the failed start
+            router.close()
+        raise
     if router is not None:
         genrm.attach_judge(router, groups[genrm.GENRM_ROLE])
         trainer.genrm_router = router

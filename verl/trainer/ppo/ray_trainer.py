@@ -231,7 +231,13 @@ class RayPPOTrainer:
             sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
             uids.extend(batch.non_tensor_batch["uid"].tolist())
         infos = {"reward": scores, **{k: v for k, v in extra.items() if len(v) == len(scores)}}
-        return flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
+        metrics = flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
+        if self.genrm_router is not None:
+            from verl.trainer.ppo.genrm import verdict_metrics
+
+            self.genrm_router.pop_metrics()  # the training steps' reward/genrm/* counters count their own requests
+            metrics.update({f"val-aux/{k.removeprefix('reward/')}": v for k, v in verdict_metrics(extra).items()})
+        return metrics
 
     def _rm_score(self, batch: DataProto) -> DataProto:
         """Adds ``rm_scores`` from the reward model (when enabled); the reward managers then return them as the
