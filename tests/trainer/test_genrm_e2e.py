@@ -140,6 +140,27 @@ def test_grpo_rewards_are_the_judges_parsed_verdicts(tmp_path, assets):
             assert m[f"reward/genrm/verdict_{status}"] == sum(1 for s, v in statuses if s == step and v == status)
 
 
+def test_upstream_legacy_genrm_command_runs(tmp_path, assets):
+    # Upstream's GenRM test spells the keys the old way (reward_model.*, custom_reward_function.*) and uses the dapo
+    # manager; through the CLI, with the built-in scorer's defaults (its template, 0.0 for unusable verdicts) and
+    # the judge's max_tokens from reward_model.rollout.response_length.
+    from tests.trainer.e2e_utils import run_main_ppo, train_records
+
+    legacy = [f"data.train_files={assets / 'train.parquet'}", f"data.val_files={assets / 'test.parquet'}",
+              "reward_model.enable=True", f"reward_model.model.path={assets / 'judge'}", "reward_model.rollout.name=hf",
+              "reward_model.rollout.response_length=2", "reward_model.reward_manager=dapo",
+              "custom_reward_function.path=pkg://verl.utils.reward_score.genrm",
+              "custom_reward_function.name=compute_score"]
+    proc, rec = run_main_ppo(tmp_path / "legacy", FAST + legacy)
+    assert "reward.reward_model.model_path" in proc.stderr + proc.stdout  # the deprecation note names the new key
+    steps = {r["step"]: r["data"] for r in rec if "reward/genrm/requests" in r["data"]}
+    assert sorted(steps) == [1, 2] and sorted(train_records(rec)) == [1, 2]
+    for m in steps.values():
+        assert m["reward/genrm/requests"] == 16
+        assert sum(m[f"reward/genrm/verdict_{s}"] for s in ("ok", "missing", "malformed", "out_of_range")) == 16
+        assert m["reward/genrm/completion_tokens_mean"] <= 2
+
+
 def test_genrm_refusals(tmp_path, assets):
     # (A sequence-classification judge is refused in tests/trainer/test_reward_model_e2e.py.)
     from tests.trainer.e2e_utils import run_main_ppo
