@@ -81,7 +81,7 @@ def test_grpo_with_reward_model_scores_equal_hf_forward(tmp_path, rm_dir):
     assert spread > 0  # some group's responses scored differently and moved the advantages
 
 
-def test_reward_model_logs_score_and_refuses_generative_route(tmp_path, rm_dir):
+def test_reward_model_logs_score_and_generative_route_needs_a_causal_lm(tmp_path, rm_dir):
     # Upstream's legacy spellings (top-level reward_model.*) are read as reward.reward_model.*.
     legacy = ["reward_model.enable=true", f"reward_model.model.path={rm_dir}", "reward_model.rollout.name=hf"]
     proc, rec = run_main_ppo(tmp_path / "ok", FAST + legacy)
@@ -90,6 +90,8 @@ def test_reward_model_logs_score_and_refuses_generative_route(tmp_path, rm_dir):
     assert sorted(steps) == [1, 2]
     # Through the CLI too (the parity itself is checked above): finite scores reach the logged metrics.
     assert all(abs(s["critic/score/mean"]) < 1e6 and s["critic/advantages/max"] > 0 for s in steps.values())
+    # A custom function with the reward model is upstream's generative route (tests/trainer/test_genrm_e2e.py):
+    # a sequence-classification checkpoint cannot be its judge, and is refused by name.
     proc, _ = run_main_ppo(tmp_path / "genrm", FAST + _rm_keys(rm_dir) + [
-        "reward.custom_reward_function.path=/nonexistent.py"], check=False)
-    assert proc.returncode != 0 and "generative reward models are not implemented" in proc.stderr
+        "reward.custom_reward_function.path=pkg://verl.utils.reward_score.genrm"], check=False)
+    assert proc.returncode != 0 and "needs a causal LM judge" in proc.stderr

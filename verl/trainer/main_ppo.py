@@ -69,7 +69,15 @@ def build_role_specs(cfg: DictConfig, use_critic: bool) -> dict:
     if use_critic:
         # critic.rollout_n already interpolates actor_rollout_ref.rollout.n in the config.
         specs["critic"] = (CriticWorker, (cfg.critic,), {})
-    if need_reward_model(cfg):
+    from verl.trainer.ppo.genrm import GENRM_ROLE, is_generative
+
+    if is_generative(cfg):
+        from verl.workers.reward_model.genrm_worker import GenerativeRewardModelWorker
+
+        # Colocated like the discriminative model: the judge's FSDP2 shards and its built-in rollout on every rank;
+        # the controller's router sends it the custom reward function's chat requests.
+        specs[GENRM_ROLE] = (GenerativeRewardModelWorker, (cfg.reward.reward_model,), {})
+    elif need_reward_model(cfg):
         from verl.workers.reward_model.worker import RewardModelWorker
 
         # Colocated: one reward-model worker per rank of the same pool (upstream's default, enable_resource_pool
@@ -91,9 +99,11 @@ def role_dp_layouts(cfg: DictConfig, specs: dict) -> dict:
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    from verl.trainer.ppo.genrm import GENRM_ROLE
+
     layouts = {}
     for role, spec in specs.items():
-        if role == "reward_model":  # no model parallelism: every rank scores its own share
+        if role in ("reward_model", GENRM_ROLE):  # no model parallelism: every rank scores its own share
             layouts[role] = DataParallelLayout.blocks(world)
         elif issubclass(spec[0], ActorRolloutRefWorker):
             layouts[role] = role_dp_layout(cfg.actor_rollout_ref.actor, world)
@@ -181,8 +191,15 @@ def run_ppo(cfg: DictConfig, launch=None, make_trainer=None, prompts_per_step: i
         val_ds = GuardedDataset(create_rl_dataset(cfg.data.val_files, cfg.data, tokenizer, processor, is_train=False,
                                                   model_config=hf_config), "data.val_files") if cfg.data.get(
             "val_files") else None
+    from verl.trainer.ppo import genrm
+
+    router = None
     with guard("Reward", "Check reward.custom_reward_function and reward.reward_manager."):
         reward_kwargs = cfg.reward.get("reward_kwargs") or {}
+        if genrm.is_generative(cfg):  # the custom function queries the judge at the router's address
+            router, judge_tokenizer = genrm.start_router(cfg)
+            reward_kwargs = {**reward_kwargs, "reward_router_address": router.address,
+                             "reward_model_tokenizer": judge_tokenizer}
         reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=0, **reward_kwargs),
                                     _reward_where(cfg))
         val_reward_fn = guard_reward_fn(load_reward_manager(cfg, tokenizer, num_examine=1, **reward_kwargs),
@@ -195,11 +212,19 @@ def run_ppo(cfg: DictConfig, launch=None, make_trainer=None, prompts_per_step: i
     from verl.trainer.ppo.rollout_corr import prepare_bypass_config
 
     prepare_bypass_config(cfg)  # bypass_mode hands the actor its loss before the workers start
-    groups = (launch or (lambda c, critic: launch_workers(c, build_role_specs(c, critic))))(cfg, use_critic)
-    for wg in groups.values():
-        wg.init_model()
-    trainer = (make_trainer or RayPPOTrainer)(cfg, tokenizer, groups, train_ds, val_ds, collate_fn, reward_fn,
-                                              val_reward_fn, processor=processor)
+    try:
+        groups = (launch or (lambda c, critic: launch_workers(c, build_role_specs(c, critic))))(cfg, use_critic)
+        for wg in groups.values():
+            wg.init_model()
+        trainer = (make_trainer or RayPPOTrainer)(cfg, tokenizer, groups, train_ds, val_ds, collate_fn, reward_fn,
+                                                  val_reward_fn, processor=processor)
+    except BaseException:
+        if router is not None:  # its port and threads go with the failed start
+            router.close()
+        raise
+    if router is not None:
+        genrm.attach_judge(router, groups[genrm.GENRM_ROLE])
+        trainer.genrm_router = router
     run_dir = new_run_dir(cfg.trainer.default_local_dir)
     tracker = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, default_backend=list(cfg.trainer.logger),
                        config=OmegaConf.to_container(cfg, resolve=True), run_dir=run_dir)
@@ -208,6 +233,8 @@ def run_ppo(cfg: DictConfig, launch=None, make_trainer=None, prompts_per_step: i
         result = trainer.fit(tracker)
     finally:
         tracker.finish()
+        if router is not None:
+            router.close()
     curve = plot_reward_curve(result.get("history", []) if isinstance(result, dict) else [], cfg, run_dir)
     if curve:
         print(f"Reward curve written to {curve}", flush=True)

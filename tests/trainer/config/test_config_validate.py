@@ -6,6 +6,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl.trainer.config import ConfigValidationError, ConfigWarning, compute_world_size, validate_config
+from verl.workers.reward_manager import NaiveRewardManager, register
+
+
+@register("test_no_router")
+class _NoRouterManager(NaiveRewardManager):
+    """A reward manager that cannot pass a generative reward model's address on (validation refuses it then)."""
+
+    def __init__(self, tokenizer, num_examine, compute_score=None, reward_fn_key="data_source"):
+        super().__init__(tokenizer, num_examine, compute_score=compute_score, reward_fn_key=reward_fn_key)
 
 
 def _problems(cfg, **changes):
@@ -102,16 +111,16 @@ RULES = [
     ("data.truncation", {"data.truncation": "cut"}),
     ("data.train_batch_size", {"data.train_batch_size": "eight"}),
     ("reward.reward_manager.module.path", {"reward.reward_manager.source": "importlib"}),
-    # reward.reward_model.enable=true needs a checkpoint and an engine name; its own GPUs, and a custom function
-    # next to it (upstream's generative-RM route through a model server), are not implemented.
+    # reward.reward_model.enable=true needs a checkpoint and an engine name; its own GPUs are not implemented; with a
+    # custom function (upstream's generative-RM route) the reward manager must hand the function the judge's address.
     ("reward.reward_model.model_path", {"reward.reward_model.enable": True, "reward.reward_model.rollout.name": "hf"}),
     ("reward.reward_model.rollout.name", {"reward.reward_model.enable": True, "reward.reward_model.model_path": "/m"}),
     ("reward.reward_model.enable_resource_pool",
      {"reward.reward_model.enable": True, "reward.reward_model.model_path": "/m", "reward.reward_model.rollout.name":
       "hf", "reward.reward_model.enable_resource_pool": True}),
-    ("reward.custom_reward_function.path",
+    ("reward.reward_manager.name",
      {"reward.reward_model.enable": True, "reward.reward_model.model_path": "/m", "reward.reward_model.rollout.name":
-      "hf", "reward.custom_reward_function.path": "a.py"}),
+      "hf", "reward.custom_reward_function.path": "a.py", "reward.reward_manager.name": "test_no_router"}),
     ("custom_reward_function.path",
      {"custom_reward_function.path": "a.py", "reward.custom_reward_function.path": "b.py"}),
 ]

@@ -231,3 +231,54 @@ def test_compute_score_timeout_scores_zero(tok, capsys):
     out = NaiveRewardManager(tok, 0, compute_score=slow, compute_score_timeout=0.2)(data)
     assert out[0].sum() == 0.0 and out[1, 3] == 1.0
     assert "exceeded 0.2s on row 0" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- async scorers, GenRM arguments
+def test_async_scorer_runs_rows_concurrently_with_router_arguments(tok):
+    import asyncio
+    import threading
+
+    seen, lock, in_flight = [], threading.Lock(), {"now": 0, "max": 0}
+
+    async def judge(data_source, solution_str, ground_truth, extra_info, reward_router_address,
+                    reward_model_tokenizer):
+        with lock:
+            in_flight["now"] += 1
+            in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        await asyncio.sleep(0.2)  # a judge request: all rows should be waiting at once
+        with lock:
+            in_flight["now"] -= 1
+            seen.append((solution_str, reward_router_address, reward_model_tokenizer))
+        return {"score": float(len(solution_str)), "genrm_verdict": "ok"}
+
+    data = make_batch(tok, ["a", "bb", "ccc", "dddd"], ["s"] * 4, ["x"] * 4)
+    manager = NaiveRewardManager(tok, num_examine=0, compute_score=judge, reward_router_address="127.0.0.1:9",
+                                 reward_model_tokenizer="judge-tok")
+    out = manager(data, return_dict=True)
+    assert in_flight["max"] == 4
+    assert sorted(seen) == [(s, "127.0.0.1:9", "judge-tok") for s in ["a", "bb", "ccc", "dddd"]]
+    assert out["reward_tensor"].sum(-1).tolist() == [1.0, 2.0, 3.0, 4.0]  # each row keeps its own score
+    assert out["reward_extra_info"]["genrm_verdict"] == ["ok"] * 4
+
+
+def test_router_arguments_only_when_a_router_is_set_and_async_timeout(tok):
+    import asyncio
+
+    async def plain(data_source, solution_str, ground_truth, extra_info):  # upstream: no router, no extra kwargs
+        return 1.0
+
+    data = make_batch(tok, ["a", "b"], ["s"] * 2, ["x"] * 2)
+    assert NaiveRewardManager(tok, num_examine=0, compute_score=plain)(data).sum().item() == 2.0
+
+    async def slow(data_source, solution_str, ground_truth, extra_info):
+        await asyncio.sleep(5)
+        return 1.0
+
+    out = NaiveRewardManager(tok, num_examine=0, compute_score=slow, compute_score_timeout=0.1)(data)
+    assert out.sum().item() == 0.0  # over compute_score_timeout: scored 0.0, as the synchronous path does
+
+    async def broken(data_source, solution_str, ground_truth, extra_info):
+        raise KeyError("boom")
+
+    with pytest.raises(RuntimeError, match="raised KeyError on row"):
+        NaiveRewardManager(tok, num_examine=0, compute_score=broken)(data)

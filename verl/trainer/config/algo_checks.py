@@ -78,19 +78,27 @@ def check_reward(c: Checker) -> None:
     if source == "importlib" and not c.get("reward.reward_manager.module.path"):
         c.fail("reward.reward_manager.module.path", "must name a Python file when reward_manager.source=importlib.")
     if c.flag("reward.reward_model.enable"):
-        check_reward_model(c)
+        check_reward_model(c, manager)
     legacy, current = c.get("custom_reward_function.path"), c.get("reward.custom_reward_function.path")
     if legacy and current and legacy != current:
         c.fail("custom_reward_function.path", f"({legacy!r}) conflicts with reward.custom_reward_function.path "
                                               f"({current!r}); keep only the latter.")
 
 
-def check_reward_model(c: Checker) -> None:
-    """reward.reward_model.enable=true: a discriminative (sequence-classification) reward model, colocated."""
+# reward.reward_model.rollout keys a generative judge reads (request defaults and limits), with upstream's defaults.
+_JUDGE_ONLY_KEYS = {"temperature": 1.0, "top_k": -1, "top_p": 1, "do_sample": True, "prompt_length": 2048,
+                    "response_length": 2048}
+
+
+def check_reward_model(c: Checker, manager: str | None = None) -> None:
+    """reward.reward_model.enable=true, colocated: a discriminative (sequence-classification) reward model, or, with
+    a custom reward function (upstream's GenRM route), a generative judge the function queries."""
     rm = "reward.reward_model"
+    generative = bool(c.get("reward.custom_reward_function.path") or c.get("custom_reward_function.path"))
     if not c.get(f"{rm}.model_path"):
-        c.fail(f"{rm}.model_path", "must name a sequence-classification checkpoint when reward.reward_model.enable "
-                                   "is true.")
+        c.fail(f"{rm}.model_path", "must name the reward model when reward.reward_model.enable is true (a "
+                                   "sequence-classification checkpoint, or a causal LM judge with "
+                                   "reward.custom_reward_function.path).")
     if c.flag(f"{rm}.enable_resource_pool"):
         c.fail(f"{rm}.enable_resource_pool", "is true, but a reward model on its own GPUs is not implemented here: "
                                              "the reward model runs colocated with the policy; set it to false.")
@@ -98,14 +106,22 @@ def check_reward_model(c: Checker) -> None:
     if name not in ("hf", "vllm", "sglang"):
         shown = "not set" if name in (None, UNSET) else f"{name!r}"
         c.fail(f"{rm}.rollout.name", f"is {shown}; upstream requires it with a reward model (vllm or sglang): "
-                                     "set hf, vllm or sglang. Here the score comes from a forward pass of the "
-                                     "training engine whichever engine is named.")
-    if c.get("reward.custom_reward_function.path") or c.get("custom_reward_function.path"):
-        c.fail("reward.custom_reward_function.path",
-               "is set together with reward.reward_model.enable=true. Upstream then calls the custom function with "
-               "the address of a reward-model server (its route to generative reward models); this project has no "
-               "such server, so generative reward models are not implemented. Use a sequence-classification reward "
-               "model without a custom function, or a custom function without the reward model.")
+                                     "set hf, vllm or sglang. Here the reward model runs on the training engine "
+                                     "(and a generative judge on the built-in hf rollout) whichever engine is named.")
+    if generative and manager is not None:
+        # The judge's address reaches the scoring function through the reward manager's constructor.
+        params = inspect.signature(live_registry("reward_manager").get_or_raise(manager).__init__).parameters
+        if "reward_router_address" not in params and not any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            c.fail("reward.reward_manager.name", f"is {manager!r}, whose manager does not take "
+                                                 "reward_router_address: with a generative reward model (a custom "
+                                                 "function and reward.reward_model.enable) use naive, dapo or gdpo.")
+    if not generative:
+        for key, default in _JUDGE_ONLY_KEYS.items():
+            value = c.get(f"{rm}.rollout.{key}")
+            if value not in (UNSET, None) and value != default:
+                c.warn(f"{rm}.rollout.{key}={value!r} has no effect on a discriminative reward model (it scores with "
+                       "a forward pass); it sets a generative judge's requests (with a custom reward function).")
     if c.get("algorithm.adv_estimator") == "remax":
         c.fail("algorithm.adv_estimator", "is remax with reward.reward_model.enable=true: the greedy baseline is "
                                           "scored by the reward function only here; pick another estimator.")

@@ -107,6 +107,8 @@ class RayPPOTrainer:
         self.rollout_wg = worker_groups.get("rollout", self.actor_rollout_wg)
         self.critic_wg = worker_groups.get("critic")
         self.rm_wg = worker_groups.get("reward_model")  # reward.reward_model.enable: a discriminative reward model
+        # A generative reward model's router (verl.trainer.ppo.genrm): set by run_ppo; its counters are logged.
+        self.genrm_router = None
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
         self.train_dataset = train_dataset
@@ -236,7 +238,13 @@ class RayPPOTrainer:
             sources.extend(batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch))).tolist())
             uids.extend(batch.non_tensor_batch["uid"].tolist())
         infos = {"reward": scores, **{k: v for k, v in extra.items() if len(v) == len(scores)}}
-        return flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
+        metrics = flatten_validation_metrics(process_validation_metrics(sources, uids, infos))
+        if self.genrm_router is not None:
+            from verl.trainer.ppo.genrm import verdict_metrics
+
+            self.genrm_router.pop_metrics()  # the training steps' reward/genrm/* counters count their own requests
+            metrics.update({f"val-aux/{k.removeprefix('reward/')}": v for k, v in verdict_metrics(extra).items()})
+        return metrics
 
     def _rm_score(self, batch: DataProto) -> DataProto:
         """Adds ``rm_scores`` from the reward model (when enabled); the reward managers then return them as the
@@ -371,6 +379,11 @@ class RayPPOTrainer:
             for k, v in extra.items():
                 if len(v) == len(batch):
                     batch.non_tensor_batch[k] = np.array(v, dtype=object)
+        if self.genrm_router is not None:  # the judge's requests since the last step, and its verdicts' fate
+            from verl.trainer.ppo.genrm import verdict_metrics
+
+            metrics.update(self.genrm_router.pop_metrics())
+            metrics.update(verdict_metrics(extra))
         return batch
 
     def _dynamic_sample(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:

@@ -61,6 +61,9 @@ for _role in (
     EngineRole("critic", "value", True, "critic.model", "critic"),
     # A discriminative reward model (reward.reward_model.*): frozen, scores every token with its score head.
     EngineRole("reward_model", "score", False, "reward.reward_model.model_path", "reward.reward_model"),
+    # A generative reward model (the judge of reward.reward_model.* with a custom reward function): a frozen
+    # causal LM the built-in rollout engine generates verdicts with.
+    EngineRole("genrm", "lm", False, "reward.reward_model.model_path", "reward.reward_model"),
     # The on-policy distillation teacher: frozen like the reference and run with the reference's engine settings
     # (strategy, fsdp_config / megatron, micro-batching), its checkpoint named by the distillation section.
     EngineRole("teacher", "lm", False, "distillation.teacher_models.teacher_model", "actor_rollout_ref.ref"),

@@ -47,12 +47,13 @@ class DAPORewardManager(NaiveRewardManager):
 
     def __init__(self, tokenizer, num_examine: int, compute_score=None, reward_fn_key: str = "data_source",
                  max_resp_len: int | None = None, overlong_buffer_cfg=None, compute_score_timeout: float | None = None,
-                 **kwargs: Any) -> None:
+                 reward_router_address: str | None = None, reward_model_tokenizer=None, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"the dapo reward manager got unknown reward.reward_kwargs {sorted(kwargs)}; it takes "
                             "max_resp_len, overlong_buffer_cfg and compute_score_timeout")
         super().__init__(tokenizer, num_examine, compute_score=compute_score, reward_fn_key=reward_fn_key,
-                         compute_score_timeout=compute_score_timeout)
+                         compute_score_timeout=compute_score_timeout, reward_router_address=reward_router_address,
+                         reward_model_tokenizer=reward_model_tokenizer)
         unknown = sorted(set(overlong_buffer_cfg or {}) - set(OVERLONG_KEYS)) if overlong_buffer_cfg else []
         if unknown:
             raise ValueError(f"reward.reward_kwargs.overlong_buffer_cfg has unknown keys {unknown}; "

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import numbers
 import signal
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -78,7 +81,15 @@ class NaiveRewardManager:
             defaults to :func:`verl.utils.reward_score.default_compute_score`.
         reward_fn_key: non-tensor key holding each sample's data source.
         compute_score_timeout: optional per-sample limit in seconds; a sample over it scores 0.0.
+        reward_router_address, reward_model_tokenizer: a generative reward model's chat endpoint and tokenizer
+            (``reward.reward_model`` with a custom function); when set, ``compute_score`` receives both as keyword
+            arguments, as upstream's reward loop passes them.
+
+    An ``async def`` scoring function runs on all rows of a batch at once (each on its own worker thread with its
+    own event loop), so its requests (a judge model's, say) are in flight together.
     """
+
+    max_concurrent_rows = 64
 
     def __init__(
         self,
@@ -87,6 +98,8 @@ class NaiveRewardManager:
         compute_score=None,
         reward_fn_key: str = "data_source",
         compute_score_timeout: float | None = None,
+        reward_router_address: str | None = None,
+        reward_model_tokenizer=None,
         **kwargs: Any,
     ) -> None:
         self.tokenizer = tokenizer
@@ -94,6 +107,10 @@ class NaiveRewardManager:
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
         self.compute_score_timeout = compute_score_timeout
+        self.router_kwargs = ({"reward_router_address": reward_router_address,
+                               "reward_model_tokenizer": reward_model_tokenizer}
+                              if reward_router_address is not None else {})
+        self.is_async = inspect.iscoroutinefunction(self.compute_score)
         self.extra_kwargs = kwargs  # other managers' options; unused here but accepted for config symmetry
 
     def _non_tensor(self, data: DataProto, key: str, row: int, required: bool = True):
@@ -111,11 +128,14 @@ class NaiveRewardManager:
     def _score_one(self, row: int, data_source, response_str: str, ground_truth, extra_info) -> tuple[float, dict]:
         name = _fn_name(self.compute_score)
         try:
-            with _TimeLimit(self.compute_score_timeout):
-                result = self.compute_score(
-                    data_source=data_source, solution_str=response_str, ground_truth=ground_truth, extra_info=extra_info
-                )
-        except TimeoutError:
+            call = dict(data_source=data_source, solution_str=response_str, ground_truth=ground_truth,
+                        extra_info=extra_info, **self.router_kwargs)
+            if self.is_async:
+                result = asyncio.run(asyncio.wait_for(self.compute_score(**call), self.compute_score_timeout or None))
+            else:
+                with _TimeLimit(self.compute_score_timeout):
+                    result = self.compute_score(**call)
+        except (TimeoutError, asyncio.TimeoutError):
             print(
                 f"[NaiveRewardManager] {name} exceeded {self.compute_score_timeout}s on row {row} "
                 f"(data_source={data_source!r}); scoring it 0.0"
@@ -171,6 +191,7 @@ class NaiveRewardManager:
         per_row_extras: list[dict] = []
         printed: dict[Any, int] = defaultdict(int)
 
+        rows = []
         for i in range(len(data)):
             prompt_mask = attention_mask[i, :prompt_len].bool()
             response_mask = attention_mask[i, prompt_len:].bool()
@@ -189,8 +210,16 @@ class NaiveRewardManager:
             extra_info = dict(extra_info) if isinstance(extra_info, dict) else {}
             extra_info["num_turns"] = self._non_tensor(data, "__num_turns__", i, required=False)
             extra_info["rollout_reward_scores"] = self._non_tensor(data, "reward_scores", i, required=False) or {}
+            rows.append((i, data_source, response_str, ground_truth, extra_info, prompt_str, response_mask))
 
-            score, extras = self._score_one(i, data_source, response_str, ground_truth, extra_info)
+        if self.is_async and len(rows) > 1:
+            with ThreadPoolExecutor(max_workers=min(len(rows), self.max_concurrent_rows)) as pool:
+                scored = list(pool.map(lambda r: self._score_one(*r[:5]), rows))
+        else:
+            scored = [self._score_one(*r[:5]) for r in rows]
+
+        for (i, data_source, response_str, ground_truth, _, prompt_str, response_mask), (score, extras) in zip(
+                rows, scored, strict=True):
             per_row_extras.append(extras)
             valid = torch.nonzero(response_mask).flatten()
             # An empty response has no token to carry the score; position 0 is masked out downstream anyway.

@@ -23,7 +23,7 @@ def load_score_model(path: str, dtype: torch.dtype, trust_remote_code: bool = Fa
         raise ValueError(
             f"{where}={path!r} is a {archs or 'checkpoint without architectures'}, not a sequence-classification "
             "model: a discriminative reward model is a *ForSequenceClassification checkpoint (a score head over the "
-            "backbone). Generative reward models (a causal LM prompted to judge) are not implemented here.")
+            "backbone). A generative judge (a causal LM) is used with reward.custom_reward_function.path set.")
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     return ScoreModel(model).to(dtype)
 
