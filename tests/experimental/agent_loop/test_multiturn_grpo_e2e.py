@@ -152,7 +152,8 @@ def test_rollout_metrics_merge_across_data_parallel_ranks():
         cfg = OmegaConf.create({"rollout": {"response_length": 3}})
         no_cycle = SimpleNamespace(before_generate=lambda: None, after_generate=lambda: None)
         worker = SimpleNamespace(agent_loop=FakeLoop(calls), config=cfg, rollout_cycle=no_cycle,
-                                 rollout=SimpleNamespace())  # an engine without memory metrics (the hf one)
+                                 rollout=SimpleNamespace(),  # an engine without memory metrics (the hf one)
+                                 _trace_recorder=None, _rollout_group=None, _dp_layout=None)  # one rank's engine
         # the real per-token weight-version stamp (a synchronous worker has no weight_version: it stamps nothing)
         worker._stamp_weight_version = lambda out: ActorRolloutRefWorker._stamp_weight_version(worker, out)
         prompts = DataProto.from_dict(tensors={"input_ids": torch.zeros(2, 4, dtype=torch.long)},
