@@ -176,6 +176,28 @@ def test_sigterm_mid_step_saves_the_step_exits_143_and_resumes(main, capsys, tmp
     assert len(actor.updates) == 2 and sorted(metrics) == [3, 4]
 
 
+def test_sigterm_while_a_step_is_logged_still_saves_that_step(main, capsys, tmp_path, monkeypatch):
+    """The signal lands after step 2's update, while its metrics are logged (the moment "step 2 |" is printed,
+    when a scheduler watching the log would send it): step 2 is saved before the run stops, not lost."""
+    from verl.utils.tracking import Tracking
+
+    log = Tracking.log
+
+    def log_then_signal(self, data, step, backend=None):
+        log(self, data, step, backend)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Tracking, "log", log_then_signal)
+    code, _, err, actor, metrics = main(capsys=capsys)
+    assert code == 143 and "stopped after step 2; checkpoint" in err and "global_step_2 written" in err
+    assert [s for _, s in actor.saved] == [2] and sorted(metrics) == [1, 2]
+    assert _latest(tmp_path) == "2"
+    monkeypatch.setattr(Tracking, "log", log)
+    code, out, _, actor, metrics = main(capsys=capsys)
+    assert code == 0 and actor.loaded[0].endswith("global_step_2/actor") and sorted(metrics) == [3, 4]
+
+
 def test_sigterm_on_the_last_step_just_finishes(main, capsys, tmp_path):
     code, _, _, actor, _ = main(capsys=capsys, on_update=lambda s: s == 4 and os.kill(os.getpid(), signal.SIGTERM))
     assert code == 0 and len(actor.updates) == 4

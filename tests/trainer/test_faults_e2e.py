@@ -175,7 +175,7 @@ def test_sigterm_mid_step_saves_exits_143_and_resumes_to_the_same_metrics(runs):
     r = runs["sigterm"]
     assert r.proc.returncode == 143, r.stderr[-4000:]
     saved = _resumed_from(runs, "sigterm")
-    assert 2 <= saved < STEPS
+    assert 1 <= saved < STEPS  # step 1 when the signal lands as step 1 is logged (saved all the same)
     assert f"SIGTERM received: stopped after step {saved}; checkpoint" in r.stderr
     assert (r.dir / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == str(saved)
     assert sorted(r.steps()) == list(range(1, saved + 1))  # the interrupted step finished and was logged

@@ -295,9 +295,17 @@ class RayPPOTrainer:
         self.global_steps += 1
         try:  # the bar is closed on an error too, so the error paragraph starts on its own line
             self._start_steps()
+            saved_step = None  # the last step this process checkpointed
             while self.global_steps <= self.total_training_steps:
-                if guard.requested:  # before any step of this process (during start-up or the first validation)
-                    raise faults.Preempted(self.global_steps - 1, None, guard.requested)
+                if guard.requested:
+                    # Before any step of this process (start-up, the first validation): nothing new to save. After
+                    # a step whose end the signal just missed (it came while the step was being logged): save it.
+                    if not history or saved_step == self.global_steps - 1:
+                        raise faults.Preempted(self.global_steps - 1, None, guard.requested)
+                    self.global_steps -= 1  # the checkpoint is named after the step it holds
+                    with marked_timer("save_checkpoint", self._timing):
+                        saved = self._save_checkpoint()
+                    raise faults.Preempted(self.global_steps, saved, guard.requested)
                 with self.profiler.step(self.global_steps):
                     metrics = self._fit_step()
                 self.max_steps_duration = max(self.max_steps_duration, self._timing.get("step", 0.0))
@@ -314,6 +322,7 @@ class RayPPOTrainer:
                         print("Force saving checkpoint: ESI instance expiration approaching.", flush=True)
                     with marked_timer("save_checkpoint", self._timing):
                         saved = self._save_checkpoint()
+                    saved_step = self.global_steps
                     metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
                 test_freq = cfg.trainer.get("test_freq", -1)
                 if not preempted and self.val_reward_fn is not None and test_freq and test_freq > 0 and (
