@@ -77,9 +77,10 @@ def write_parquet(rows: list[dict], path: str) -> str:
     return path
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--local_save_dir", default="~/data/tiny_vl_images")
+def cli(make_rows, default_dir: str, description: str, argv=None) -> None:
+    """The command line both tiny VL generators share (this one and make_tiny_vl_videos.py)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--local_save_dir", default=default_dir)
     parser.add_argument("--train_size", type=int, default=16)
     parser.add_argument("--test_size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
@@ -88,6 +89,10 @@ def main(argv=None) -> None:
     for split, n, seed in (("train", args.train_size, args.seed), ("test", args.test_size, args.seed + 1)):
         path = write_parquet(make_rows(n, seed, split), os.path.join(out, f"{split}.parquet"))
         print(f"wrote {n} rows to {path}")
+
+
+def main(argv=None) -> None:
+    cli(make_rows, "~/data/tiny_vl_images", __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,13 @@ Each output row (the video entry carries upstream's per-video sampling keys)::
 
 from __future__ import annotations
 
-import argparse
-import io
 import os
 import random
+import sys
 
-COLORS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 220), "yellow": (230, 210, 40)}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the image generator next to this file
+from make_tiny_vl_images import COLORS, cli, png_bytes, write_parquet  # noqa: E402,F401 (write_parquet: for callers)
+
 QUESTION = "<video>What color is this video?"
 FRAME_COUNTS = [4, 6, 3, 8]  # max_frames=4 keeps 4 of 6 or 8; 3 frames are padded to 4
 
@@ -45,12 +46,6 @@ def make_clip(color: str, frames: int, size: tuple[int, int], rng: random.Random
         ImageDraw.Draw(img).rectangle([fx, y, fx + side - 1, y + side - 1], fill=tuple(c // 2 for c in rgb))
         clip.append(img)
     return clip
-
-
-def png_bytes(img) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def make_rows(n: int, seed: int, split: str, size=(16, 16), fps: float = 1.0, max_frames: int = 4) -> list[dict]:
@@ -72,26 +67,8 @@ def make_rows(n: int, seed: int, split: str, size=(16, 16), fps: float = 1.0, ma
     return rows
 
 
-def write_parquet(rows: list[dict], path: str) -> str:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
-
-
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--local_save_dir", default="~/data/tiny_vl_videos")
-    parser.add_argument("--train_size", type=int, default=16)
-    parser.add_argument("--test_size", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    out = os.path.expanduser(args.local_save_dir)
-    for split, n, seed in (("train", args.train_size, args.seed), ("test", args.test_size, args.seed + 1)):
-        path = write_parquet(make_rows(n, seed, split), os.path.join(out, f"{split}.parquet"))
-        print(f"wrote {n} rows to {path}")
+    cli(make_rows, "~/data/tiny_vl_videos", __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":
