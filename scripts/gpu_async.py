@@ -18,6 +18,8 @@ share of decode slot-steps that held no live sequence (``1 - slot_steps / (decod
     python scripts/gpu_async.py --gpus 2                         # 1 trainer GPU + 1 rollout GPU vs 2 colocated
     python scripts/gpu_async.py --gpus 4 --modes sync,one_step   # 2 + 2
     python scripts/gpu_async.py --tiny --device cpu --gpus 2     # the same path at tiny shapes on the CPU
+    python scripts/gpu_async.py --build-only; ... --modes sync; ... --modes one_step --reuse sync; ...
+        --modes fully_async --reuse sync,one_step                # one mode per device call, one table at the end
 """
 
 from __future__ import annotations
@@ -145,6 +147,9 @@ def main(argv=None) -> int:
     p.add_argument("--staleness", type=float, default=0.5, help="async_training.staleness_threshold (fully_async)")
     p.add_argument("--workdir", default="/tmp/verl_async")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per launch")
+    p.add_argument("--reuse", default="", help="modes not launched again: their metrics files from an earlier "
+                   "invocation with the same --workdir join the table (the device tool's calls last at most 10 min)")
+    p.add_argument("--build-only", action="store_true", help="build the checkpoint and data, launch nothing")
     p.add_argument("extra", nargs="*", help="more overrides for every launch (key=value)")
     args = p.parse_args(argv)
     if args.gpus < 2:
@@ -171,8 +176,19 @@ def main(argv=None) -> int:
     data = work / "data" / "train.parquet"
     if not data.exists():
         build_data(data, n_rows=args.prompts * (args.steps + 2), filler_chars=args.prompt_chars)
+    if args.build_only:
+        print(f"[async] built {model} and {data}", flush=True)
+        return 0
     results, failed = {}, []
-    for mode in args.modes.split(","):
+    for mode in [m for m in args.reuse.split(",") if m]:
+        log = work / f"{mode}.jsonl"
+        records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+        steps = [r for r in records if "timing_s/step" in r["data"]]
+        if len(steps) < args.steps:
+            failed.append(f"{mode} (reused {log}: {len(steps)} of {args.steps} steps)")
+        if steps:
+            results[mode] = summarize(steps, args.prompts, args.n)
+    for mode in [m for m in args.modes.split(",") if m]:
         rc, steps = launch(args, mode, model, data, work)
         if rc or len(steps) < args.steps:
             failed.append(f"{mode} (exit {rc}, {len(steps)} of {args.steps} steps)")
