@@ -183,6 +183,11 @@ def build_tiny_qwen3_5(
         model.add_module("mtp", Qwen3_5MTP(text_model.config, modeling_module(text_model)))
         # The RMSNorms start at zero (unit gain); random gains make a test notice a norm loaded from the wrong key.
         with torch.no_grad():
+            # MoE experts and routers hold raw torch.empty / zero parameters that only the model's post_init fills
+            # (the head is added after it): without this the head's experts were uninitialised memory (NaN at times).
+            for mod in model.mtp.modules():
+                if type(mod).__name__.endswith(("Experts", "SparseMoeBlock")):
+                    model._init_weights(mod)
             for name, p in model.mtp.named_parameters():
                 if name.endswith("norm.weight"):
                     p.normal_(0.0, 0.1)

@@ -18,7 +18,7 @@ from typing import Hashable, Optional
 
 import torch
 
-from verl.workers.rollout.hf_engine.cache import SlotCache
+from verl.workers.rollout.hf_engine.cache import SlotCache, SpecShape
 from verl.workers.rollout.hf_engine.runner import DecodeRunner, PrefillSeq
 from verl.workers.rollout.hf_engine.sampling import SamplerConfig, sample_tokens
 
@@ -57,6 +57,7 @@ class EngineOptions:
     state_dtype: torch.dtype = torch.float32
     gpu_memory_utilization: Optional[float] = None  # cap on (memory in use + slot cache) / device memory
     record_routes: bool = False  # keep every token's MoE routes (runner.route_shape) in the slot cache
+    num_speculative_tokens: int = 0  # > 0: speculative decoding, drafting this many tokens a step (.speculative)
     stats: dict = field(default_factory=dict)
 
 
@@ -134,7 +135,11 @@ class DecodeEngine:
         return graph
 
     def _decode(self, b: int) -> None:
-        if self._buckets:
+        if self.cache.spec is not None:
+            from verl.workers.rollout.hf_engine.speculative import speculative_step
+
+            speculative_step(self, b)
+        elif self._buckets:
             self._graph(min(s for s in self._buckets if s >= b)).replay()
         else:
             self._decode_eager(b)
@@ -148,15 +153,20 @@ class DecodeEngine:
         capacity = max(1, min(opt.max_num_seqs, len(seqs)))
         max_len = max(len(s.prompt.ids) for s in seqs) + max(s.max_new for s in seqs)
         max_new = max(s.max_new for s in seqs)
-        capacity = self._fit_memory(capacity, max_len)
+        spec = self._spec_shape()
+        capacity = self._fit_memory(capacity, max_len, spec)
         routes = getattr(runner, "route_shape", None) if opt.record_routes else None
         if opt.record_routes and routes is None:
             raise ValueError("rollout.enable_rollout_routing_replay=true needs a MoE model whose runner records "
                              "routes (this model has no top-k router)")
         self.cache = SlotCache(runner.shape, capacity, max_len, max_new, runner.device, runner.dtype,
-                               opt.state_dtype, routes=routes)
+                               opt.state_dtype, routes=routes, spec=spec)
         try:
             graphs = opt.use_cuda_graph and runner.device.type == "cuda"
+            if graphs and spec is not None:
+                logger.warning("hf rollout: speculative decoding (mtp.enable_rollout) runs its draft / verify steps "
+                               "eagerly; the decode step is not captured as CUDA graphs")
+                graphs = False
             if graphs and runner.syncs_host:
                 logger.warning("hf rollout: the MoE block syncs with the host (transformers' eager expert loop, or "
                                "a LoRA-wrapped expert), so decode steps run eagerly without CUDA graphs")
@@ -173,6 +183,10 @@ class DecodeEngine:
                 self._warm_up(sizes)
                 self.opt.stats["warmup_s"] = time.perf_counter() - t0
             results = self._loop(seqs, capacity)
+            if spec is not None:
+                from verl.workers.rollout.hf_engine.speculative import spec_stats
+
+                self.opt.stats.update(spec_stats(self.cache))
             self.opt.stats["run_s"] = time.perf_counter() - t_run
             return results
         finally:
@@ -180,14 +194,31 @@ class DecodeEngine:
             self._buckets, self._pool = [], None
             self.cache = None
 
-    def _fit_memory(self, capacity: int, max_len: int) -> int:
+    def _spec_shape(self) -> Optional[SpecShape]:
+        """The speculative cache layout (None: plain decoding); refuses what speculative decoding lacks."""
+        k = int(self.opt.num_speculative_tokens or 0)
+        if k <= 0:
+            return None
+        if not hasattr(self.runner, "spec_shape"):
+            raise ValueError("actor_rollout_ref.model.mtp.enable_rollout=true: this model's decode runner has no "
+                             "speculative decoding (Qwen3.5 with an MTP head only)")
+        if self.opt.record_routes:
+            raise ValueError("actor_rollout_ref.model.mtp.enable_rollout=true together with "
+                             "rollout.enable_rollout_routing_replay=true is not implemented (the verification "
+                             "forward does not record routes); set one of them to false")
+        return self.runner.spec_shape(k)
+
+    def _fit_memory(self, capacity: int, max_len: int, spec: Optional[SpecShape] = None) -> int:
         """Fewer slots when their cache would push the device past ``gpu_memory_utilization``."""
         util, dev = self.opt.gpu_memory_utilization, self.runner.device
         if not util or dev.type != "cuda":
             return capacity
         total = torch.cuda.get_device_properties(dev).total_memory
         room = total * util - torch.cuda.memory_allocated(dev)
-        per_slot = self.runner.shape.bytes_per_slot(max_len, self.runner.dtype, self.opt.state_dtype)
+        shape, dtype, state_dtype = self.runner.shape, self.runner.dtype, self.opt.state_dtype
+        per_slot = shape.bytes_per_slot(max_len, dtype, state_dtype)
+        if spec is not None:
+            per_slot += spec.bytes_per_slot(shape, max_len, dtype, state_dtype)
         # a quarter of the room stays free for activations, logits and the graphs' memory pool
         fit = max(1, int(0.75 * room // per_slot))
         if fit < capacity:
