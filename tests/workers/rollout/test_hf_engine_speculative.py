@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+from verl.models.qwen3_5.tiny import build_tiny_qwen3_5, make_mtp_head_exact
 from verl.workers.rollout.base import GenerationRequest, SamplingParams
 from verl.workers.rollout.hf_engine.engine import DecodeEngine, EngineOptions
 from verl.workers.rollout.hf_engine.entry import build_sequences
@@ -22,35 +22,13 @@ def _one_thread():
 _MODELS = {}
 
 
-def near_bigram(model, layer_scale: float, mtp_scale: float = 0.0):
-    """Make the MTP head an (almost) exact drafter: the main model's layers are scaled by ``layer_scale`` (0: the
-    model is a bigram model, its hidden state at t+1 is norm(embed(x[t+1]))) and the head returns
-    norm(embed(next token)), i.e. the main model's hidden state at the next position when the layers are off.
-    With 0 < layer_scale the model depends on its context a little, so drafts are right only sometimes;
-    0 < mtp_scale keeps some of the head's own attention and MLP (so its KV cache matters)."""
-    text = model.model
-    with torch.no_grad():
-        for name, p in text.layers.named_parameters():
-            if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight", "down_proj")):
-                p.mul_(layer_scale)
-        mtp = model.mtp
-        h = model.config.hidden_size
-        mtp.fc.weight.zero_()
-        mtp.fc.weight[:, :h] = torch.eye(h)
-        mtp.pre_fc_norm_embedding.weight.zero_()
-        for name, p in mtp.layers.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
-                p.mul_(mtp_scale)
-        mtp.norm.weight.copy_(text.norm.weight)
-    return model
-
-
 def tiny(kind, layer_scale=None, mtp_scale=0.0):
     key = (kind, layer_scale, mtp_scale)
     if key not in _MODELS:
         m = build_tiny_qwen3_5(None, kind=kind, seed=0, with_tokenizer=False, initializer_range=0.2,
                                mtp_num_hidden_layers=1).eval()
-        _MODELS[key] = near_bigram(m, layer_scale, mtp_scale) if layer_scale is not None else m
+        # make_mtp_head_exact: with layer_scale 0 every draft is right; 0.1 about half; mtp_scale keeps the head's layer
+        _MODELS[key] = make_mtp_head_exact(m, layer_scale, mtp_scale) if layer_scale is not None else m
     return _MODELS[key]
 
 
@@ -305,3 +283,55 @@ def test_drafter_cache_stays_consistent(kind):
         torch.testing.assert_close(logits, ref[n - 1], atol=5e-5, rtol=1e-4)
         checked += 1
     assert checked >= 6
+
+
+# ------------------------------------------------------------------------------------------ wiring
+def _rollout(model, mtp: dict):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    model_config = OmegaConf.create({"mtp": mtp})
+    return HFRollout(OmegaConf.create({"enforce_eager": True, "max_num_seqs": 4}), model_config, tok, module=model)
+
+
+def test_rollout_turns_speculation_on_from_the_mtp_section_and_logs_acceptance():
+    """actor_rollout_ref.model.mtp.enable + mtp.enable_rollout + mtp.num_speculative_tokens reach the engine
+    through the hf rollout; the acceptance figures are logged as perf/hf_engine/spec_* and under upstream's
+    rollout/spec_accept_rate / rollout/spec_accept_length (per-request means); outputs equal plain decoding."""
+    model = tiny("dense", 0.0)
+    reqs = [GenerationRequest(p) for p in prompts([5, 3, 7])]
+    params = SamplingParams(temperature=0.0, max_tokens=9)
+    plain = _rollout(model, {"enable": True, "enable_rollout": False})
+    base = plain.generate(reqs, params)
+    assert not any(k.startswith(("rollout/spec", "perf/hf_engine/spec")) for k in plain.engine_metrics)
+    spec = _rollout(model, {"enable": True, "enable_rollout": True, "num_speculative_tokens": 3})
+    out = spec.generate(reqs, params)
+    assert [o[0].token_ids for o in out] == [o[0].token_ids for o in base]
+    m = spec.engine_metrics
+    assert m["perf/hf_engine/spec_accept_rate"] == pytest.approx(1.0)
+    assert m["rollout/spec_accept_rate"] == pytest.approx(1.0)
+    # every step gains k + 1 = 4 tokens except where the 9-token budget cuts it (acceptance still counts)
+    assert m["rollout/spec_accept_length"] == pytest.approx(4.0)
+    assert m["perf/hf_engine/spec_draft_tokens"] == 3 * m["perf/hf_engine/spec_verify_steps"]
+    # 8 tokens after the prefill's first: 2 steps of 4 per sequence
+    assert m["perf/hf_engine/spec_verify_steps"] == 3 * 2
+    # enable_rollout without enable loads no head: plain decoding (the config check refuses it before this)
+    assert _rollout(model, {"enable": False, "enable_rollout": True}).generate(reqs, params)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        _rollout(model, {"enable": True, "enable_rollout": True, "num_speculative_tokens": 0}).generate(reqs, params)
+
+
+def test_speculation_needs_a_head_and_refuses_route_recording():
+    plain = build_tiny_qwen3_5(None, kind="dense", seed=0, with_tokenizer=False)
+    with pytest.raises(ValueError, match="mtp.enable=true"):
+        run(plain, prompts([4]), 1)
+    model = tiny("moe")
+    opt = EngineOptions(max_num_seqs=2, use_cuda_graph=False, num_speculative_tokens=1, record_routes=True)
+    seqs, _ = build_sequences([GenerationRequest(p) for p in prompts([4])], SamplingParams(max_tokens=3),
+                              model.config, 0)
+    with pytest.raises(ValueError, match="enable_rollout_routing_replay"):
+        DecodeEngine(runner_class(model.config)(model, "torch"), SamplerConfig(0.0), [], opt).run(seqs)

@@ -82,8 +82,7 @@ class SpecState:
     * ``rec_hist`` / ``conv_ext``: scratch of one verification forward (the Gated DeltaNet recurrent states after
       each of its first k tokens, and each layer's conv window extended by its k + 1 inputs), from which the states
       after the last accepted token are restored;
-    * ``drafted`` / ``accepted`` / ``verifies``: device counters (draft tokens proposed, kept; verification
-      steps), over live sequences.
+    * ``seq_stats``: (slots, 3) per sequence: draft tokens proposed, drafts accepted, verification steps.
     """
 
     def __init__(self, spec: SpecShape, shape: CacheShape, slots: int, max_len: int, device, dtype, state_dtype):
@@ -98,9 +97,7 @@ class SpecState:
         self.rec_hist = torch.zeros(shape.n_gdn, slots, k, shape.v_heads, shape.k_dim, shape.v_dim,
                                     dtype=state_dtype, **z)
         self.conv_ext = torch.zeros(shape.n_gdn, slots, shape.conv_width + k, shape.conv_dim, dtype=dtype, **z)
-        self.drafted = torch.zeros((), dtype=torch.long, **z)
-        self.accepted = torch.zeros((), dtype=torch.long, **z)
-        self.verifies = torch.zeros((), dtype=torch.long, **z)
+        self.seq_stats = torch.zeros(slots, 3, dtype=torch.long, **z)
 
 
 class SlotCache:
@@ -141,7 +138,7 @@ class SlotCache:
                 self.out_tokens, self.out_logprobs]
         if self.spec is not None:  # the verification scratch (rec_hist, conv_ext) lives within one step only
             big.append((self.spec.kv, 2))
-            rows += [self.spec.hid, self.spec.ctok, self.spec.count]
+            rows += [self.spec.hid, self.spec.ctok, self.spec.count, self.spec.seq_stats]
         return big, rows
 
     def move(self, src: list[int], dst: list[int]) -> None:

@@ -43,6 +43,8 @@ class SeqResult:
     # (prompt + response tokens, moe_layers, top_k) experts the forwards routed each token to (router replay);
     # the last response token was never fed to the model, so its row is -1
     routes: Optional[torch.Tensor] = None
+    # speculative decoding: (draft tokens proposed, accepted, verification steps) of this sequence
+    spec: Optional[tuple[int, int, int]] = None
 
 
 @dataclass
@@ -186,7 +188,7 @@ class DecodeEngine:
             if spec is not None:
                 from verl.workers.rollout.hf_engine.speculative import spec_stats
 
-                self.opt.stats.update(spec_stats(self.cache))
+                self.opt.stats.update(spec_stats([r.spec for r in results]))
             self.opt.stats["run_s"] = time.perf_counter() - t_run
             return results
         finally:
@@ -299,6 +301,8 @@ class DecodeEngine:
         c.limit[rows] = torch.tensor([seqs[i].max_new for i in batch], device=dev)
         c.steps[rows] = 0
         c.done[rows] = False
+        if c.spec is not None:
+            c.spec.seq_stats[rows] = 0
         t0 = time.perf_counter()
         logits = self.runner.prefill(c, prompts, targets)
         self._book(rows, logits.index_select(0, torch.tensor(order, device=dev)), fed_token=False)
@@ -318,6 +322,7 @@ class DecodeEngine:
         toks = c.out_tokens[idx].tolist()
         lps = c.out_logprobs[idx].tolist()
         routes = c.routes[idx].cpu() if c.routes is not None else None  # one copy per retirement, not per step
+        spec = c.spec.seq_stats[idx].tolist() if c.spec is not None else None
         for j, slot in enumerate(fin):
             k = n[j]
             out = toks[j][:k]
@@ -327,7 +332,8 @@ class DecodeEngine:
                 total = len(seqs[running[slot]].prompt.ids) + k
                 seq_routes = routes[j, :total].clone()
                 seq_routes[total - 1] = -1  # the last sampled token was never an input (see SeqResult)
-            results[running[slot]] = SeqResult(out, lps[j][:k], reason, seq_routes)
+            results[running[slot]] = SeqResult(out, lps[j][:k], reason, seq_routes,
+                                               tuple(spec[j]) if spec is not None else None)
         keep = [slot for slot, d in enumerate(done) if not d]
         moves = [(src, dst) for dst, src in enumerate(keep) if src != dst]
         if moves:

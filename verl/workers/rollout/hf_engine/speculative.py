@@ -7,9 +7,10 @@ token and at its token budget; a slot that finished keeps running no-op steps (m
 as in the plain loop. The step runs eagerly (no CUDA graphs: the verification's per-slot acceptance and the
 drafter's catch-up are not captured here; :class:`.engine.DecodeEngine` warns).
 
-Counters (over live slots): draft tokens proposed, drafts accepted, verification steps; the engine turns them
-into ``spec_accept_rate`` (accepted / proposed) and ``spec_accept_length`` (1 + accepted / steps: the mean
-tokens a slot gains per step, upstream's two figures).
+Counters per sequence (``SpecState.seq_stats``, over its live steps): draft tokens proposed, drafts accepted,
+verification steps; :func:`spec_stats` turns them into ``spec_accept_rate`` (accepted / proposed) and
+``spec_accept_length`` (1 + accepted / steps: the tokens a sequence gains per step), token-weighted and as
+upstream's per-request means.
 """
 
 from __future__ import annotations
@@ -75,20 +76,22 @@ def speculative_step(engine, b: int) -> None:
     sp.ctok[:b] = tokens
     sp.count[:b] = torch.where(going, gained, sp.count[:b])
 
-    n_live = active.long().sum()
-    sp.drafted += k * n_live
-    sp.accepted += (accepted * active.long()).sum()
-    sp.verifies += n_live
+    live = active.long()
+    sp.seq_stats[:b] += torch.stack([k * live, accepted * live, live], dim=1)
 
 
-def spec_stats(cache) -> dict:
-    """The step counters as engine stats (one host read, at the end of a run)."""
-    sp = cache.spec
-    drafted, accepted, verifies = int(sp.drafted), int(sp.accepted), int(sp.verifies)
+def spec_stats(per_seq: list[tuple[int, int, int]]) -> dict:
+    """Engine stats from each sequence's (drafted, accepted, verification steps): totals, the token-weighted
+    acceptance rate and tokens gained per step, and upstream's per-request means (``rollout/spec_accept_rate``:
+    mean of accepted / drafted; ``rollout/spec_accept_length``: mean of 1 + accepted / steps)."""
+    drafted, accepted, verifies = (sum(s[i] for s in per_seq) for i in range(3))
+    n = max(len(per_seq), 1)
     return {
         "spec_draft_tokens": drafted,
         "spec_accepted_tokens": accepted,
         "spec_verify_steps": verifies,
         "spec_accept_rate": accepted / drafted if drafted else 0.0,
         "spec_accept_length": 1.0 + accepted / verifies if verifies else 0.0,
+        "spec_request_accept_rate": sum(a / d if d else 0.0 for d, a, _ in per_seq) / n,
+        "spec_request_accept_length": sum(1.0 + a / v if v else 0.0 for _, a, v in per_seq) / n,
     }
