@@ -6,6 +6,10 @@ smallest bucket ``>= b``. Finished slots are refilled from the waiting queue as 
 free (a prefill over many prompts costs about as much as one over a few), so a long tail does not idle the
 batch. The host looks at the device every ``sync_every`` steps; a sequence that finished in between only
 repeats no-op steps (its bookkeeping is masked on the device).
+
+With ``num_speculative_tokens`` > 0 (``mtp.enable_rollout``) each step is a speculative one instead
+(:mod:`.speculative`: draft with the runner's MTP head, verify in one forward, 1 .. k + 1 tokens per slot), run
+eagerly.
 """
 
 from __future__ import annotations
