@@ -4,7 +4,8 @@
 #   tests   pytest -m gpu tests/workers/rollout/test_hf_engine_gpu.py  (fla in-place recurrent step vs the
 #           torch reference, CUDA-graph replay vs eager, greedy parity with generate in fp32, torch varlen
 #           attention vs padded SDPA); tests/workers/rollout/test_fused_sampler_gpu.py (the fused sampler's
-#           Triton kernel vs its torch path, its distribution, CUDA-graph replay)
+#           Triton kernel vs its torch path, its distribution, CUDA-graph replay);
+#           tests/workers/rollout/test_hf_engine_speculative_gpu.py (MTP speculative decoding = plain, on CUDA)
 #   bench   benchmarks/bench_rollout.py  (engine vs model.generate: 0.8B shape, B=64/256, 256+512 tokens;
 #           GRPO-like length mix with continuous vs static batching)
 #   sampler benchmarks/bench_sampler.py  (the decode sampler over a 248k vocabulary: unfused vs fused torch vs
@@ -25,7 +26,8 @@ PARTS="${PARTS:-tests bench sampler grpo actor}"
 for part in $PARTS; do
     case $part in
     tests) run_part tests "${T_TESTS:-240}" "$PY" -m pytest -q -m gpu tests/workers/rollout/test_hf_engine_gpu.py \
-               tests/workers/rollout/test_fused_sampler_gpu.py -p no:cacheprovider -rsfE ;;
+               tests/workers/rollout/test_fused_sampler_gpu.py tests/workers/rollout/test_hf_engine_speculative_gpu.py \
+               -p no:cacheprovider -rsfE ;;
     bench) run_part bench "${T_BENCH:-360}" "$PY" benchmarks/bench_rollout.py --json "$OUT/bench_rollout.json" \
                ${BENCH_ARGS:-} ;;
     sampler) run_part sampler "${T_SAMPLER:-120}" "$PY" benchmarks/bench_sampler.py ;;

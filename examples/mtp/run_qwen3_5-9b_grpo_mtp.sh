@@ -2,8 +2,9 @@
 # GRPO on GSM8K with Qwen3.5-9B, FSDP2 actor, keeping and training the checkpoint's MTP head (NOT RUN here:
 # written for one node of 8 GPUs; the CPU path is covered by tests and run_qwen3_5_tiny_sft_mtp_cpu.sh).
 # The actor loss gets mtp_loss_scaling_factor * (MTP cross-entropy on the response tokens), logged as
-# actor/mtp_losses/mtp_1_loss; checkpoints and HF exports keep `mtp.*`; the rollout engine gets the weights
-# without the head (speculative decoding with it, model.mtp.enable_rollout, is not implemented here).
+# actor/mtp_losses/mtp_1_loss; checkpoints and HF exports keep `mtp.*`; the vLLM rollout gets the weights
+# without the head (speculative decoding with it, model.mtp.enable_rollout, is built into the hf rollout only:
+# run_qwen3_5-0.8b_grpo_mtp_spec.sh).
 # Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 set -xeuo pipefail
 

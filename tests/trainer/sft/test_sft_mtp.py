@@ -1,7 +1,8 @@
 """``model.mtp.*`` in the SFT trainer on a tiny Qwen3.5 with an MTP head: the MTP loss is logged under
 upstream's name (``mtp_losses/mtp_1_loss``), the reported SFT loss stays the language-model loss, and the MTP
 loss trains the main model only without ``model.mtp.detach_encoder`` and only with a non-zero
-``model.mtp.mtp_loss_scaling_factor``. Refusals: ``model.mtp.enable_rollout`` and MTP on the Megatron engine.
+``model.mtp.mtp_loss_scaling_factor``. Refusals: ``model.mtp.enable_rollout`` in SFT (no rollout) and MTP on the
+Megatron engine; for main_ppo, what ``actor_rollout_ref.model.mtp.enable_rollout`` (speculative decoding) needs.
 The key names are spelled out so key_status.txt can point here."""
 
 import math
@@ -65,9 +66,18 @@ def test_sft_mtp_refusals(overrides, message):
         validate_sft_config(cfg, strategy)
 
 
+ON = ["actor_rollout_ref.model.mtp.enable=true", "actor_rollout_ref.model.mtp.enable_rollout=true"]
+
+
 @pytest.mark.parametrize("overrides, message", [
-    (["actor_rollout_ref.model.mtp.enable=true", "actor_rollout_ref.model.mtp.enable_rollout=true"],
-     "`actor_rollout_ref.model.mtp.enable_rollout=true`: speculative"),
+    (["actor_rollout_ref.model.mtp.enable_rollout=true"],
+     "`actor_rollout_ref.model.mtp.enable_rollout=true` drafts with the checkpoint's MTP head"),
+    ([*ON, "actor_rollout_ref.rollout.name=vllm"], "enable_rollout=true` with rollout.name=vllm"),
+    ([*ON, "actor_rollout_ref.model.mtp.num_speculative_tokens=0"],
+     "`actor_rollout_ref.model.mtp.num_speculative_tokens=0` must be an integer >= 1"),
+    ([*ON, "actor_rollout_ref.rollout.enable_rollout_routing_replay=true"],
+     "enable_rollout=true` with actor_rollout_ref.rollout.enable_rollout_routing_replay=true"),
+    ([*ON, "actor_rollout_ref.model.mtp.method=eagle"], "actor_rollout_ref.model.mtp.method"),
     (["actor_rollout_ref.model.mtp.enable=true", "actor_rollout_ref.actor.strategy=megatron"],
      "`actor_rollout_ref.model.mtp.enable=true` with strategy=megatron"),
 ])
@@ -76,3 +86,12 @@ def test_ppo_mtp_refusals(overrides, message):
 
     with pytest.raises(ConfigValidationError, match=message):
         compose_config("ppo_trainer", overrides, validate=True)
+
+
+def test_ppo_speculative_decoding_composes_on_the_hf_rollout():
+    """mtp.enable + mtp.enable_rollout (+ mtp.num_speculative_tokens) with the built-in hf rollout is accepted."""
+    from verl.trainer.config.checks import compose_config
+
+    cfg = compose_config("demo", [*ON, "actor_rollout_ref.rollout.name=hf",
+                                         "actor_rollout_ref.model.mtp.num_speculative_tokens=2"], validate=True)
+    assert cfg.actor_rollout_ref.model.mtp.num_speculative_tokens == 2

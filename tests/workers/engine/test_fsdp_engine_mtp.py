@@ -251,11 +251,27 @@ def test_checkpoint_and_hf_export_keep_the_head(gloo, mtp_dir, tmp_path):
 
 
 def test_rollout_weights_leave_the_head_out(gloo, mtp_dir):
-    """No rollout engine here runs the MTP head (enable_rollout is refused), so weight sync never sends it."""
+    """Without mtp.enable_rollout no rollout engine drafts with the MTP head, so weight sync never sends it."""
     cfg = mtp_cfg(mtp_dir, train=False)
     engine = make_engine(cfg.actor, cfg.model, role="actor")
     names = [n for n, _ in engine.get_rollout_weights()[0]]
     assert names and not any(n.startswith("mtp.") for n in names)
+
+
+def test_rollout_weights_carry_the_head_for_speculative_decoding(gloo, mtp_dir):
+    """With actor_rollout_ref.model.mtp.enable_rollout=true the rollout drafts with the head: the weight sync
+    sends its tensors after each update (a rollout pool's own copy, role 'rollout', loads them by name), and a
+    rollout pool's policy copy carries the head although it does not train."""
+    cfg = mtp_cfg(mtp_dir, train=True, extra=["actor_rollout_ref.model.mtp.enable_rollout=true"])
+    engine = make_engine(cfg.actor, cfg.model, role="actor")
+    sent = dict(engine.get_rollout_weights()[0])
+    expected = {k for k in engine.module.state_dict() if k.startswith("mtp.")}
+    assert expected and expected <= set(sent)
+    pool = make_engine(cfg.actor, cfg.model, role="rollout")
+    assert hasattr(pool.module, "mtp") and pool.mtp_runner is None  # carried for drafting, no MTP loss
+    from verl.workers.weight_sync.receive import load_hf_weights
+
+    assert load_hf_weights(pool.module, engine.get_rollout_weights()[0]) == len(sent)  # every name, the head's too
 
 
 def test_moe_checkpoint_per_expert_mtp_tensors_are_fused_on_load(gloo, tmp_path):

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from verl.models.qwen3_5 import gated_deltanet as gdn
+from verl.models.qwen3_5.hf_spec import Qwen35SpecForwards
 from verl.models.transformers.packed_attention import varlen_causal_attention
 from verl.models.transformers.patching import modeling_module
 from verl.workers.rollout.hf_engine.cache import CacheShape, SlotCache
@@ -118,14 +119,16 @@ def _moe_sync_free(module: torch.nn.Module, layers) -> bool:
     return True
 
 
-class Qwen35Runner:
-    """Generation forwards over a (possibly FSDP2-unsharded) Qwen3.5 causal LM or VL model."""
+class Qwen35Runner(Qwen35SpecForwards):
+    """Generation forwards over a (possibly FSDP2-unsharded) Qwen3.5 causal LM or VL model (speculative decoding
+    with the MTP head: :class:`verl.models.qwen3_5.hf_spec.Qwen35SpecForwards`)."""
 
     def __init__(self, module: torch.nn.Module, recurrent_backend: str = "auto"):
         self.module = module
         # A PEFT model wraps the HF model; its LoRA layers sit inside it, so calling the submodules applies them.
         if hasattr(module, "get_base_model"):
             module = module.get_base_model()
+        self._hf = module  # the HF model: ``model.mtp`` is the MTP head when one is attached
         inner = module.model
         self.vl = inner if hasattr(inner, "language_model") else None
         self.text = inner.language_model if self.vl is not None else inner
@@ -299,7 +302,13 @@ class Qwen35Runner:
                     n_attn += 1
                 h = h + mixed
                 h = h + self._mlp(layer, h)
-        last = self.text.norm(h[0, cu[1:].long() - 1])
+        if cache.spec is not None:  # speculative decoding: the drafter's cache over the prompts
+            ids = torch.tensor([t for s in seqs for t in s.ids], device=dev)
+            normed = self.text.norm(h[0])
+            self.mtp_prefill(cache, normed, ids, rope, lens, targets)
+            last = normed[cu[1:].long() - 1]
+        else:
+            last = self.text.norm(h[0, cu[1:].long() - 1])
         lengths = torch.tensor(lens, device=dev)
         deltas = torch.stack([p.max() + 1 - p.shape[-1] for p in positions])
         cache.lengths[slot_t] = lengths[src_t]

@@ -183,6 +183,11 @@ def build_tiny_qwen3_5(
         model.add_module("mtp", Qwen3_5MTP(text_model.config, modeling_module(text_model)))
         # The RMSNorms start at zero (unit gain); random gains make a test notice a norm loaded from the wrong key.
         with torch.no_grad():
+            # MoE experts and routers hold raw torch.empty / zero parameters that only the model's post_init fills
+            # (the head is added after it): without this the head's experts were uninitialised memory (NaN at times).
+            for mod in model.mtp.modules():
+                if type(mod).__name__.endswith(("Experts", "SparseMoeBlock")):
+                    model._init_weights(mod)
             for name, p in model.mtp.named_parameters():
                 if name.endswith("norm.weight"):
                     p.normal_(0.0, 0.1)
@@ -197,4 +202,32 @@ def build_tiny_qwen3_5(
             if kind in ("vl", "vl_moe"):
                 build_tiny_vl_processor(tokenizer, path)
         (path / "tiny_model.json").write_text(json.dumps({"kind": kind, "seed": seed}))
+    return model
+
+
+def make_mtp_head_exact(model, layer_scale: float = 0.0, mtp_scale: float = 0.0):
+    """Turn a random Qwen3.5 with an MTP head (``build_tiny_qwen3_5(..., mtp_num_hidden_layers=1)``) into one whose
+    head is an (almost) exact drafter, in place, for speculative-decoding tests and benchmarks.
+
+    The main model's token mixers and MLPs are scaled by ``layer_scale`` (0: a bigram model, whose final hidden
+    state at t + 1 is norm(embed(x[t + 1]))), and the head is set to return norm(embed(next token)): with
+    ``layer_scale = 0`` every draft is what the model would sample (acceptance 1, the upper bound of the speed-up);
+    a small ``layer_scale`` makes the model depend on its context a little, so drafts are right only sometimes.
+    ``mtp_scale`` keeps that share of the head's own attention and MLP outputs (so its KV cache matters)."""
+    text = model.get_base_model().model if hasattr(model, "get_base_model") else model.model
+    text = getattr(text, "language_model", text)
+    ends = ("o_proj.weight", "out_proj.weight", "down_proj.weight", "down_proj")
+    with torch.no_grad():
+        for name, p in text.layers.named_parameters():
+            if name.endswith(ends):
+                p.mul_(layer_scale)
+        mtp = model.mtp
+        h = mtp.fc.weight.shape[0]
+        mtp.fc.weight.zero_()
+        mtp.fc.weight[:, :h] = torch.eye(h, dtype=mtp.fc.weight.dtype, device=mtp.fc.weight.device)
+        mtp.pre_fc_norm_embedding.weight.zero_()
+        for name, p in mtp.layers.named_parameters():
+            if name.endswith(ends):
+                p.mul_(mtp_scale)
+        mtp.norm.weight.copy_(text.norm.weight)
     return model

@@ -524,7 +524,8 @@ class RayPPOTrainer:
 def _combine_agent_loop_metrics(rank_metrics) -> dict[str, float]:
     """The ranks' ``agent_loop/*`` aggregates as one: ``/max`` by max, ``/min`` by min, the rest by mean
     (ranks hold equally many samples); the rollout's ``perf/*`` figures (device memory around its sleep) by
-    max, the worst rank being what fits or not. Accepts concat's dict of lists or a list of per-rank dicts."""
+    max, the worst rank being what fits or not; speculative decoding's per-request means (``rollout/spec_*``)
+    by mean. Accepts concat's dict of lists or a list of per-rank dicts."""
     if isinstance(rank_metrics, (list, tuple)):
         merged: dict[str, list] = {}
         for m in rank_metrics:
@@ -533,7 +534,7 @@ def _combine_agent_loop_metrics(rank_metrics) -> dict[str, float]:
         rank_metrics = merged
     out: dict[str, float] = {}
     for k, v in (rank_metrics or {}).items():
-        if not k.startswith(("agent_loop/", "perf/")):
+        if not k.startswith(("agent_loop/", "perf/", "rollout/spec_")):
             continue
         vals = [float(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
         worst = k.endswith("/max") or k.startswith("perf/")

@@ -28,6 +28,7 @@ class HFRollout(BaseRollout):
         if module is None:
             raise ValueError("the hf rollout engine generates with the actor's module; none was given")
         self.config = config
+        self.model_config = model_config  # its mtp section turns on speculative decoding (mtp.enable_rollout)
         self.module = module
         self.tokenizer = tokenizer
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -43,8 +44,16 @@ class HFRollout(BaseRollout):
     @property
     def engine_metrics(self) -> dict:
         """The decode loop's figures for the last ``generate`` on this rank (seconds in all, capturing graphs,
-        prefilling; decode steps, slot-steps, slots, whether CUDA graphs ran): where a rollout's time goes."""
-        return {f"perf/hf_engine/{k}": float(v) for k, v in self.last_stats.items()}  # max over ranks
+        prefilling; decode steps, slot-steps, slots, whether CUDA graphs ran; speculative decoding's acceptance):
+        where a rollout's time goes. Speculative decoding's per-request means also go out under upstream's
+        names, ``rollout/spec_accept_rate`` and ``rollout/spec_accept_length`` (mean over ranks)."""
+        out = {}
+        for k, v in self.last_stats.items():
+            if k.startswith("spec_request_"):
+                out["rollout/spec_" + k[len("spec_request_"):]] = float(v)
+            else:
+                out[f"perf/hf_engine/{k}"] = float(v)  # max over ranks
+        return out
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], **kwargs) -> None:
         # Generation uses the live training module; nothing to copy.

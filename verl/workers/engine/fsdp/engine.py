@@ -479,8 +479,9 @@ class FSDPEngine(BaseEngine):
                                            merge=lora_merge(self.model_config))
         else:
             weights, kwargs = self.get_per_tensor_param(bucket_megabytes, layered), {}
-        if (self.built.info.get("mtp") or {}).get("enable"):
-            # No rollout engine here drafts with the MTP head (mtp.enable_rollout is refused): keep it out.
+        mtp = self.built.info.get("mtp") or {}
+        if mtp.get("enable") and not mtp.get("rollout"):
+            # The rollout drafts with the MTP head only with mtp.enable_rollout (the hf engine); else keep it out.
             # (LoRA adapter names carry PEFT's prefix before ``mtp.``.)
             weights = ((name, t) for name, t in weights if not (name.startswith("mtp.") or ".mtp." in name))
         return weights, kwargs

@@ -190,15 +190,19 @@ def build_module(model_cfg, fsdp_cfg, role: str, ulysses_sp_size: int = 1, enabl
 
 def mtp_settings(model_cfg, role: str) -> dict:
     """Upstream's ``model.mtp`` section as this role uses it: ``enable`` loads (and saves) the checkpoint's MTP
-    head, ``enable_train`` adds its loss. Only the trainable policy (actor, SFT) carries the head; upstream
-    forces the reference model's MTP off, and a value model has no LM head to share."""
+    head, ``enable_train`` adds its loss, ``enable_rollout`` drafts with it in the hf rollout engine. The trainable
+    policy (actor, SFT) carries the head, and so does a rollout pool's own policy copy when it drafts with it;
+    upstream forces the reference model's MTP off, and a value model has no LM head to share."""
     from verl.utils.config import cfg_get
     from verl.workers.engine.role import engine_role
 
     section = cfg_get(model_cfg, "mtp", None) or {}
     spec = engine_role(role)
-    enable = bool(cfg_get(section, "enable", False)) and spec.trainable and not spec.value_head
-    return {"enable": enable, "train": enable and bool(cfg_get(section, "enable_train", False)),
+    rollout = bool(cfg_get(section, "enable", False)) and bool(cfg_get(section, "enable_rollout", False))
+    enable = bool(cfg_get(section, "enable", False)) and not spec.value_head and (
+        spec.trainable or (role == "rollout" and rollout))
+    return {"enable": enable, "train": enable and spec.trainable and bool(cfg_get(section, "enable_train", False)),
+            "rollout": enable and rollout,
             "detach_encoder": bool(cfg_get(section, "detach_encoder", False)),
             "scale": float(cfg_get(section, "mtp_loss_scaling_factor", 0.1))}
 

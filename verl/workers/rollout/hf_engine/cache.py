@@ -54,13 +54,63 @@ class CacheShape:
         return kv + conv + rec
 
 
+@dataclass
+class SpecShape:
+    """What speculative decoding adds per slot: ``k`` draft tokens per step, the drafter's (MTP) attention layers
+    and the main model's hidden size."""
+
+    k: int
+    n_draft_attn: int
+    hidden: int
+
+    def bytes_per_slot(self, shape: CacheShape, max_len: int, dtype, state_dtype) -> int:
+        e, s = torch.empty(0, dtype=dtype).element_size(), torch.empty(0, dtype=state_dtype).element_size()
+        kv = self.n_draft_attn * 2 * shape.kv_heads * (max_len + self.k) * shape.head_dim * e
+        rec_hist = self.k * shape.n_gdn * shape.v_heads * shape.k_dim * shape.v_dim * s
+        conv_ext = shape.n_gdn * (shape.conv_width + self.k) * shape.conv_dim * e
+        return kv + rec_hist + conv_ext + (self.k + 1) * self.hidden * e
+
+
+class SpecState:
+    """Per-slot state of speculative decoding (see :mod:`verl.workers.rollout.hf_engine.speculative`).
+
+    * ``kv``: (n_draft_attn, 2, slots, kv_heads, max_len + k, head_dim) the drafter's attention cache; its entries
+      below ``lengths - count`` are final (the drafter has seen the target's hidden state there);
+    * ``hid`` / ``ctok`` / ``count``: the ``count`` (1 .. k + 1) newest target hidden states the drafter has not
+      consumed yet (positions ``lengths - count ..``) and the token following each (the last one is the pending
+      token, ``SlotCache.tokens``);
+    * ``rec_hist`` / ``conv_ext``: scratch of one verification forward (the Gated DeltaNet recurrent states after
+      each of its first k tokens, and each layer's conv window extended by its k + 1 inputs), from which the states
+      after the last accepted token are restored;
+    * ``seq_stats``: (slots, 3) per sequence: draft tokens proposed, drafts accepted, verification steps.
+    """
+
+    def __init__(self, spec: SpecShape, shape: CacheShape, slots: int, max_len: int, device, dtype, state_dtype):
+        z = dict(device=device)
+        k = spec.k
+        self.k = k
+        self.kv = torch.zeros(spec.n_draft_attn, 2, slots, shape.kv_heads, max_len + k, shape.head_dim,
+                              dtype=dtype, **z)
+        self.hid = torch.zeros(slots, k + 1, spec.hidden, dtype=dtype, **z)
+        self.ctok = torch.zeros(slots, k + 1, dtype=torch.long, **z)
+        self.count = torch.ones(slots, dtype=torch.long, **z)
+        self.rec_hist = torch.zeros(shape.n_gdn, slots, k, shape.v_heads, shape.k_dim, shape.v_dim,
+                                    dtype=state_dtype, **z)
+        self.conv_ext = torch.zeros(shape.n_gdn, slots, shape.conv_width + k, shape.conv_dim, dtype=dtype, **z)
+        self.seq_stats = torch.zeros(slots, 3, dtype=torch.long, **z)
+
+
 class SlotCache:
-    """Model state and per-slot rows for ``slots`` sequences of up to ``max_len`` tokens each."""
+    """Model state and per-slot rows for ``slots`` sequences of up to ``max_len`` tokens each (plus ``spec.k``
+    positions of room for a verification's drafts with speculative decoding)."""
 
     def __init__(self, shape: CacheShape, slots: int, max_len: int, max_new: int, device, dtype,
-                 state_dtype=torch.float32, routes: Optional[tuple[int, int]] = None):
+                 state_dtype=torch.float32, routes: Optional[tuple[int, int]] = None,
+                 spec: Optional[SpecShape] = None):
         self.shape, self.slots, self.max_len, self.max_new = shape, slots, max_len, max_new
         z = dict(device=device)
+        self.spec = SpecState(spec, shape, slots, max_len, device, dtype, state_dtype) if spec else None
+        max_len = max_len + (spec.k if spec else 0)
         self.kv = torch.zeros(shape.n_attn, 2, slots, shape.kv_heads, max_len, shape.head_dim, dtype=dtype, **z)
         self.conv = torch.zeros(shape.n_gdn, slots, shape.conv_width - 1, shape.conv_dim, dtype=dtype, **z)
         self.rec = torch.zeros(shape.n_gdn, slots, shape.v_heads, shape.k_dim, shape.v_dim, dtype=state_dtype, **z)
@@ -86,6 +136,9 @@ class SlotCache:
             big.append((self.routes, 0))
         rows = [self.tokens, self.lengths, self.rope_delta, self.keys, self.steps, self.limit, self.done,
                 self.out_tokens, self.out_logprobs]
+        if self.spec is not None:  # the verification scratch (rec_hist, conv_ext) lives within one step only
+            big.append((self.spec.kv, 2))
+            rows += [self.spec.hid, self.spec.ctok, self.spec.count, self.spec.seq_stats]
         return big, rows
 
     def move(self, src: list[int], dst: list[int]) -> None:

@@ -6,6 +6,10 @@ smallest bucket ``>= b``. Finished slots are refilled from the waiting queue as 
 free (a prefill over many prompts costs about as much as one over a few), so a long tail does not idle the
 batch. The host looks at the device every ``sync_every`` steps; a sequence that finished in between only
 repeats no-op steps (its bookkeeping is masked on the device).
+
+With ``num_speculative_tokens`` > 0 (``mtp.enable_rollout``) each step is a speculative one instead
+(:mod:`.speculative`: draft with the runner's MTP head, verify in one forward, 1 .. k + 1 tokens per slot), run
+eagerly.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Hashable, Optional
 
 import torch
 
-from verl.workers.rollout.hf_engine.cache import SlotCache
+from verl.workers.rollout.hf_engine.cache import SlotCache, SpecShape
 from verl.workers.rollout.hf_engine.runner import DecodeRunner, PrefillSeq
 from verl.workers.rollout.hf_engine.sampling import SamplerConfig, sample_tokens
 
@@ -43,6 +47,8 @@ class SeqResult:
     # (prompt + response tokens, moe_layers, top_k) experts the forwards routed each token to (router replay);
     # the last response token was never fed to the model, so its row is -1
     routes: Optional[torch.Tensor] = None
+    # speculative decoding: (draft tokens proposed, accepted, verification steps) of this sequence
+    spec: Optional[tuple[int, int, int]] = None
 
 
 @dataclass
@@ -57,6 +63,7 @@ class EngineOptions:
     state_dtype: torch.dtype = torch.float32
     gpu_memory_utilization: Optional[float] = None  # cap on (memory in use + slot cache) / device memory
     record_routes: bool = False  # keep every token's MoE routes (runner.route_shape) in the slot cache
+    num_speculative_tokens: int = 0  # > 0: speculative decoding, drafting this many tokens a step (.speculative)
     stats: dict = field(default_factory=dict)
 
 
@@ -134,7 +141,11 @@ class DecodeEngine:
         return graph
 
     def _decode(self, b: int) -> None:
-        if self._buckets:
+        if self.cache.spec is not None:
+            from verl.workers.rollout.hf_engine.speculative import speculative_step
+
+            speculative_step(self, b)
+        elif self._buckets:
             self._graph(min(s for s in self._buckets if s >= b)).replay()
         else:
             self._decode_eager(b)
@@ -148,15 +159,20 @@ class DecodeEngine:
         capacity = max(1, min(opt.max_num_seqs, len(seqs)))
         max_len = max(len(s.prompt.ids) for s in seqs) + max(s.max_new for s in seqs)
         max_new = max(s.max_new for s in seqs)
-        capacity = self._fit_memory(capacity, max_len)
+        spec = self._spec_shape()
+        capacity = self._fit_memory(capacity, max_len, spec)
         routes = getattr(runner, "route_shape", None) if opt.record_routes else None
         if opt.record_routes and routes is None:
             raise ValueError("rollout.enable_rollout_routing_replay=true needs a MoE model whose runner records "
                              "routes (this model has no top-k router)")
         self.cache = SlotCache(runner.shape, capacity, max_len, max_new, runner.device, runner.dtype,
-                               opt.state_dtype, routes=routes)
+                               opt.state_dtype, routes=routes, spec=spec)
         try:
             graphs = opt.use_cuda_graph and runner.device.type == "cuda"
+            if graphs and spec is not None:
+                logger.warning("hf rollout: speculative decoding (mtp.enable_rollout) runs its draft / verify steps "
+                               "eagerly; the decode step is not captured as CUDA graphs")
+                graphs = False
             if graphs and runner.syncs_host:
                 logger.warning("hf rollout: the MoE block syncs with the host (transformers' eager expert loop, or "
                                "a LoRA-wrapped expert), so decode steps run eagerly without CUDA graphs")
@@ -173,6 +189,10 @@ class DecodeEngine:
                 self._warm_up(sizes)
                 self.opt.stats["warmup_s"] = time.perf_counter() - t0
             results = self._loop(seqs, capacity)
+            if spec is not None:
+                from verl.workers.rollout.hf_engine.speculative import spec_stats
+
+                self.opt.stats.update(spec_stats([r.spec for r in results]))
             self.opt.stats["run_s"] = time.perf_counter() - t_run
             return results
         finally:
@@ -180,14 +200,31 @@ class DecodeEngine:
             self._buckets, self._pool = [], None
             self.cache = None
 
-    def _fit_memory(self, capacity: int, max_len: int) -> int:
+    def _spec_shape(self) -> Optional[SpecShape]:
+        """The speculative cache layout (None: plain decoding); refuses what speculative decoding lacks."""
+        k = int(self.opt.num_speculative_tokens or 0)
+        if k <= 0:
+            return None
+        if not hasattr(self.runner, "spec_shape"):
+            raise ValueError("actor_rollout_ref.model.mtp.enable_rollout=true: this model's decode runner has no "
+                             "speculative decoding (Qwen3.5 with an MTP head only)")
+        if self.opt.record_routes:
+            raise ValueError("actor_rollout_ref.model.mtp.enable_rollout=true together with "
+                             "rollout.enable_rollout_routing_replay=true is not implemented (the verification "
+                             "forward does not record routes); set one of them to false")
+        return self.runner.spec_shape(k)
+
+    def _fit_memory(self, capacity: int, max_len: int, spec: Optional[SpecShape] = None) -> int:
         """Fewer slots when their cache would push the device past ``gpu_memory_utilization``."""
         util, dev = self.opt.gpu_memory_utilization, self.runner.device
         if not util or dev.type != "cuda":
             return capacity
         total = torch.cuda.get_device_properties(dev).total_memory
         room = total * util - torch.cuda.memory_allocated(dev)
-        per_slot = self.runner.shape.bytes_per_slot(max_len, self.runner.dtype, self.opt.state_dtype)
+        shape, dtype, state_dtype = self.runner.shape, self.runner.dtype, self.opt.state_dtype
+        per_slot = shape.bytes_per_slot(max_len, dtype, state_dtype)
+        if spec is not None:
+            per_slot += spec.bytes_per_slot(shape, max_len, dtype, state_dtype)
         # a quarter of the room stays free for activations, logits and the graphs' memory pool
         fit = max(1, int(0.75 * room // per_slot))
         if fit < capacity:
@@ -268,6 +305,8 @@ class DecodeEngine:
         c.limit[rows] = torch.tensor([seqs[i].max_new for i in batch], device=dev)
         c.steps[rows] = 0
         c.done[rows] = False
+        if c.spec is not None:
+            c.spec.seq_stats[rows] = 0
         t0 = time.perf_counter()
         logits = self.runner.prefill(c, prompts, targets)
         self._book(rows, logits.index_select(0, torch.tensor(order, device=dev)), fed_token=False)
@@ -287,6 +326,7 @@ class DecodeEngine:
         toks = c.out_tokens[idx].tolist()
         lps = c.out_logprobs[idx].tolist()
         routes = c.routes[idx].cpu() if c.routes is not None else None  # one copy per retirement, not per step
+        spec = c.spec.seq_stats[idx].tolist() if c.spec is not None else None
         for j, slot in enumerate(fin):
             k = n[j]
             out = toks[j][:k]
@@ -296,7 +336,8 @@ class DecodeEngine:
                 total = len(seqs[running[slot]].prompt.ids) + k
                 seq_routes = routes[j, :total].clone()
                 seq_routes[total - 1] = -1  # the last sampled token was never an input (see SeqResult)
-            results[running[slot]] = SeqResult(out, lps[j][:k], reason, seq_routes)
+            results[running[slot]] = SeqResult(out, lps[j][:k], reason, seq_routes,
+                                               tuple(spec[j]) if spec is not None else None)
         keep = [slot for slot, d in enumerate(done) if not d]
         moves = [(src, dst) for dst, src in enumerate(keep) if src != dst]
         if moves:

@@ -62,6 +62,20 @@ def engine_options(config) -> tuple[EngineOptions, str]:
     return opt, backend
 
 
+def speculative_tokens(model_config) -> int:
+    """Draft tokens per step from upstream's ``model.mtp`` section: ``num_speculative_tokens`` (vLLM's name for
+    the MTP draft length) when ``mtp.enable`` and ``mtp.enable_rollout`` are set, else 0 (plain decoding)."""
+    from verl.utils.config import cfg_get
+
+    mtp = cfg_get(model_config, "mtp", None) if model_config is not None else None
+    if not mtp or not cfg_get(mtp, "enable", False) or not cfg_get(mtp, "enable_rollout", False):
+        return 0
+    k = cfg_get(mtp, "num_speculative_tokens", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"actor_rollout_ref.model.mtp.num_speculative_tokens must be an integer >= 1, got {k!r}")
+    return k
+
+
 @contextlib.contextmanager
 def unsharded(module: torch.nn.Module):
     """All parameters gathered for the whole rollout phase (the loop calls submodules directly, outside the
@@ -120,6 +134,7 @@ def generate_with_engine(rollout, requests: list[GenerationRequest], params: Sam
     sampler = SamplerConfig(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                             suppress_ids=tuple(vision_placeholder_ids(module.config)))
     opt.record_routes = bool(rollout.config.get("enable_rollout_routing_replay", False))
+    opt.num_speculative_tokens = speculative_tokens(getattr(rollout, "model_config", None))
     tape = None
     with unsharded(module):
         was_training = module.training
