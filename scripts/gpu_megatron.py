@@ -79,12 +79,17 @@ def grpo(args) -> int:
         f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data}", f"data.val_files={data}",
         f"data.train_batch_size={args.batch}", f"data.max_prompt_length={args.max_prompt_length}",
         f"data.max_response_length={args.response_length}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
+        # Two mini-batches, an entropy bonus and lr 1e-5: the random model scores 0, so without the bonus the
+        # gradient is 0 and nothing could differ; with one mini-batch step 3's metrics would all be read before
+        # its first Adam step, so a lost optimizer state would not show. Now the second mini-batch of step 3
+        # runs on weights moved by the restored Adam moments.
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, args.batch // 2)}",
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={args.micro_batch}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro_batch}",
         "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.rollout.n={args.n}",
-        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.megatron.use_remove_padding=true",
         "algorithm.adv_estimator=grpo", *args.extra,
     ]
