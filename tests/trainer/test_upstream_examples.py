@@ -9,7 +9,8 @@ list each hands to ``verl.trainer.main_ppo`` to ``tests/trainer/data/upstream_ex
 
 Every script either composes and validates, or is refused for the reason listed in ``EXPECTED``, exactly:
 a script that starts to compose fails here until its entry is removed, so the table stays true.
-* ``declined``: an engine or feature this project leaves out on purpose; refused in one sentence.
+* ``declined``: an engine or feature this project leaves out on purpose (VeOmni, Megatron-lite, FSDP-Turbo,
+  SGLang); refused in one sentence.
 * ``pending``: an upstream key issue 27 names that is built elsewhere (its part A) or not yet.
 * ``rule``: a setting this project's validation refuses on its own grounds (given with the rule).
 """
@@ -35,8 +36,7 @@ VEOMNI = ("declined", "`model_engine=veomni` is not an option of the config grou
                       "the VeOmni training engine, which this project does not implement)")
 MLITE = ("declined", "`actor=mlite_actor` is not an option of the config group `actor` (mlite_actor selects the "
                      "Megatron-lite training engine")
-TURBO = ("pending", "`actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.fully_shard_parallel_size` is an "
-                    "upstream verl option this project does not implement")
+TURBO = ("declined", "more key(s) of the same command belong to FSDP-Turbo (Huawei's fsdp_turbo training engine")
 CP = ("rule", "context_parallel_size > 1 is not supported: packed (THD) context parallelism")
 # tool=npu needs torch_npu: refused on a host without it, composes on an Ascend host
 NPU_HOST = (None if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") else

@@ -220,3 +220,22 @@ def test_megatron_config_composes(megatron_cfg, compose_fn):
 
 def test_model_engine_override_equals_megatron_config(megatron_cfg, compose_fn):
     assert compose_fn(overrides=["model_engine=megatron"]) == megatron_cfg
+
+
+def test_keys_of_a_left_out_engine_are_refused_in_one_sentence(capsys):
+    """Upstream's FSDP-Turbo scripts set a dozen `turbo_config.*` keys: one sentence names the engine, instead
+    of a dozen refusals; a single key of a left-out feature keeps its own message; strategy=fsdp_turbo names it."""
+    from verl.trainer.main_ppo import main
+
+    keys = ["+actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.ulysses_parallel_size=1",
+            "+actor_rollout_ref.actor.fsdp_config.turbo_config.memory.recompute=True",
+            "+actor_rollout_ref.ref.fsdp_config.turbo_config.memory.recompute=True"]
+    assert main(["actor_rollout_ref.model.path=/m", *keys, "--cfg", "job"]) == 2
+    err = capsys.readouterr().err
+    assert "1 invalid config override" in err and "and 2 more key(s) of the same command belong to FSDP-Turbo" in err
+    assert main(["actor_rollout_ref.model.path=/m", keys[0], "--cfg", "job"]) == 2
+    err = capsys.readouterr().err
+    assert "`actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.ulysses_parallel_size` belongs to " \
+           "FSDP-Turbo" in err and "more key(s)" not in err
+    assert main(["actor_rollout_ref.model.path=/m", "actor_rollout_ref.actor.strategy=fsdp_turbo", "--cfg", "job"]) == 2
+    assert "selects FSDP-Turbo" in capsys.readouterr().err

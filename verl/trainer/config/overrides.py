@@ -377,6 +377,9 @@ def check_overrides(
     added: set[str] = set()  # keys created by earlier `+` overrides in the same list
     assigned: dict[str, Any] = {}  # key -> value an earlier override in the list left there (Hydra applies in order)
     problems: list[str] = []
+    # keys of a left-out feature, one sentence per feature: a script written for that feature sets a dozen of
+    # them, and a list of a dozen refusals hides the one thing to say (this project does not build it)
+    by_feature: dict[str, list[str]] = {}
 
     for text, ov in zip(overrides, parsed):
         key = ov.key_or_group
@@ -389,8 +392,9 @@ def check_overrides(
         if not exists and ov.type != OverrideType.DEL:
             from .unsupported import feature_for_key
 
-            if feature_for_key(key) is not None:
-                problems.append(_unknown_key_message(key, tree, paths))
+            feature = feature_for_key(key)
+            if feature is not None:
+                by_feature.setdefault(feature, []).append(key)
                 continue
         if ov.type == OverrideType.CHANGE:
             if exists:
@@ -421,6 +425,12 @@ def check_overrides(
         else:  # pragma: no cover - Hydra has no other override types today
             problems.append(f"unsupported override `{text}`")
 
+    for feature, keys in by_feature.items():
+        if len(keys) == 1:
+            problems.insert(0, _unknown_key_message(keys[0], tree, paths))
+        else:
+            problems.insert(0, f"`{keys[0]}` and {len(keys) - 1} more key(s) of the same command belong to "
+                               f"{feature}, which this project does not implement.")
     if problems:
         raise ConfigKeyError(problems)
 

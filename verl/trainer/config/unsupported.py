@@ -17,6 +17,8 @@ __all__ = ["FEATURE_KEY_PATTERNS", "FEATURE_VALUES", "feature_for_key", "feature
 FEATURE_KEY_PATTERNS: dict[str, str] = {
     "*.veomni": "the VeOmni training engine",
     "*.veomni.*": "the VeOmni training engine",
+    "*.turbo_config": "FSDP-Turbo (Huawei's fsdp_turbo training engine, upstream's strategy=fsdp_turbo)",
+    "*.turbo_config.*": "FSDP-Turbo (Huawei's fsdp_turbo training engine, upstream's strategy=fsdp_turbo)",
     "*.torchtitan": "the TorchTitan training engine",
     "*.torchtitan.*": "the TorchTitan training engine",
     "*.engine_kwargs.trtllm": "the TRT-LLM rollout engine",
@@ -34,6 +36,7 @@ FEATURE_VALUES: dict[tuple[str, str], str] = {
     ("*.rollout.name", "sglang"): "the SGLang rollout engine",
     ("*.strategy", "veomni"): "the VeOmni training engine",
     ("*.strategy", "torchtitan"): "the TorchTitan training engine",
+    ("*.strategy", "fsdp_turbo"): "FSDP-Turbo (Huawei's fsdp_turbo training engine)",
     ("*.kl_loss_type", "full"): "the full-vocabulary KL (it needs full-vocabulary logits)",
     ("algorithm.kl_penalty", "full"): "the full-vocabulary KL (it needs full-vocabulary logits)",
     ("distillation.distillation_loss.loss_mode", "forward_kl_topk"):
