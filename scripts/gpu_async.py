@@ -63,9 +63,12 @@ def overrides(args, mode: str, model: Path, data: Path) -> list[str]:
     split = [f"trainer.n_gpus_per_node={g // 2}", "rollout.nnodes=1", f"rollout.n_gpus_per_node={g - g // 2}"]
     if mode == "one_step":
         return common + split + [f"data.train_batch_size={p}", f"actor_rollout_ref.actor.ppo_mini_batch_size={p}"]
-    # fully async: a trainer step takes require_batches x mini-batch = p prompts, generated in chunks of p / 4
+    # fully async: a trainer step takes require_batches x mini-batch = p prompts, generated in chunks of
+    # --chunk-prompts. The rollout pool generates one chunk at a time, so a chunk lasts as long as its longest
+    # response: chunks of p / 4 left half the decode slots idle on 2 x H100 (2026-11-26, docs/advance/async_rl.md)
+    chunk = args.chunk_prompts or p
     return common + split + [
-        "data.train_batch_size=0", f"data.gen_batch_size={max(1, p // 4)}",
+        "data.train_batch_size=0", f"data.gen_batch_size={chunk}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, p // 2)}", "async_training.require_batches=2",
         f"async_training.staleness_threshold={args.staleness}", "async_training.trigger_parameter_sync_step=1",
         "async_training.partial_rollout=false", f"rollout.total_rollout_steps={p * (args.steps + 1)}",
@@ -144,6 +147,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-prompt", type=int, default=640)
     p.add_argument("--max-response", type=int, default=8192)
     p.add_argument("--mean-response", type=float, default=1500.0)
+    p.add_argument("--chunk-prompts", type=int, default=0, help="fully_async: prompts per generated chunk "
+                   "(data.gen_batch_size; default: a whole step's --prompts)")
     p.add_argument("--staleness", type=float, default=0.5, help="async_training.staleness_threshold (fully_async)")
     p.add_argument("--workdir", default="/tmp/verl_async")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per launch")
