@@ -14,10 +14,11 @@ and at PP = 2 with EP = 2 (4 GPUs).
     python scripts/gpu_multi.py check       # compose and validate every command above (CPU, no run)
 
 ``fsdp`` also runs on CPU (``--device cpu``: Ray workers on CPU, fp32), where the two layouts must agree to
-1e-4. Both layouts see the same batch: the rollout is greedy (``do_sample=false``), so responses do not depend
-on each rank's sampling seed, and the estimator is REINFORCE++ (batch-whitened returns), whose advantages are
-not zero for identical responses as GRPO's would be; an entropy bonus gives the step a gradient even when
-every reward is 0 (the untrained demo model). Megatron's packed log-probs at TP / EP = 2 against Hugging
+1e-4 (``--one-rank-launcher local`` runs the 1-rank reference in process, skipping a Ray start: the tests do,
+on a 2-core CPU). Both layouts see the same batch: the rollout is greedy (``do_sample=false``), so responses do
+not depend on each rank's sampling seed, and the estimator is REINFORCE++ (batch-whitened returns), whose
+advantages are not zero for identical responses as GRPO's would be; an entropy bonus gives the step a gradient
+even when every reward is 0 (the untrained demo model). Megatron's packed log-probs at TP / EP = 2 against Hugging
 Face are a pytest (tests/models/mcore/test_mcore_qwen3_5_parallel_gpu.py); scripts/gpu_multi.sh runs both.
 """
 
@@ -35,9 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 PARITY_KEYS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "response_length/mean")
 
 
-def _fsdp_overrides(n_gpus: int, device: str, log_dir: Path) -> list[str]:
+def _fsdp_overrides(n_gpus: int, device: str, log_dir: Path, launcher: str = "ray") -> list[str]:
     return [
-        "--config-name", "demo", "trainer.launcher=ray", f"trainer.device={device}", "trainer.nnodes=1",
+        "--config-name", "demo", f"trainer.launcher={launcher}", f"trainer.device={device}", "trainer.nnodes=1",
         f"trainer.n_gpus_per_node={n_gpus}", "trainer.total_training_steps=1", "trainer.val_before_train=false",
         "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console,file]",
         f"trainer.default_local_dir={log_dir / 'ckpt'}",
@@ -107,8 +108,9 @@ def fsdp(args) -> int:
     work.mkdir(parents=True, exist_ok=True)
     runs = {}
     for n in (1, 2):
-        rc, steps = _run_main_ppo(_fsdp_overrides(n, args.device, work / f"gpus{n}"), work / f"gpus{n}.jsonl",
-                                  work, args.timeout)
+        launcher = args.one_rank_launcher if n == 1 else "ray"
+        rc, steps = _run_main_ppo(_fsdp_overrides(n, args.device, work / f"gpus{n}", launcher),
+                                  work / f"gpus{n}.jsonl", work, args.timeout)
         if rc or not steps:
             print(f"[multi fsdp] the {n}-GPU run failed (exit {rc})", flush=True)
             return 1
@@ -192,7 +194,7 @@ def check(args) -> int:
 
     work = Path(args.workdir) / "check"
     for n in (1, 2):
-        load_config(_fsdp_overrides(n, args.device, work))
+        load_config(_fsdp_overrides(n, args.device, work, args.one_rank_launcher if n == 1 else "ray"))
     for name, (kind, n_gpus, extra) in _megatron_cases().items():
         model_dir, data = _assets(work, kind)
         load_config(_megatron_overrides(model_dir, data, work / f"ckpt_{name}", args.device, n_gpus, extra))
@@ -207,6 +209,10 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default="/tmp/verl_multi")
     p.add_argument("--timeout", type=int, default=540, help="seconds per main_ppo launch")
     p.add_argument("--tol", type=float, default=None, help="relative tolerance (default: 1e-4 CPU, 2e-2 GPU bf16)")
+    # The 1-rank reference step is the same FSDP2 engine whichever launcher starts it; `local` (in process) skips
+    # starting a Ray node and an actor, which is most of that launch's time on a small CPU (the tests use it).
+    p.add_argument("--one-rank-launcher", default="ray", choices=["ray", "local"],
+                   help="launcher of the fsdp part's 1-GPU run (default ray; the 2-GPU run always uses ray)")
     p.add_argument("--cases", nargs="*", default=None, help="megatron layouts to run (tp2 ep2 pp2 pp2ep2)")
     args = p.parse_args(argv)
     return {"fsdp": fsdp, "megatron": megatron, "check": check}[args.what](args)

@@ -55,9 +55,11 @@ def test_pp2ep2_case_dispatches_to_spread_replicas(tmp_path):
 
 
 def test_fsdp_part_on_cpu_two_ranks_equal_one(tmp_path):
-    """The script's FSDP part on CPU (Ray, fp32): the demo's first step on 2 data-parallel ranks gives the 1-rank
-    step's grad norm and entropy (to 1e-4), and a non-zero gradient (the script refuses a vacuous comparison)."""
-    proc = subprocess.run([sys.executable, "scripts/gpu_multi.py", "fsdp", "--device", "cpu",
-                           "--workdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    """The script's FSDP part on CPU (fp32): the demo's first step on 2 data-parallel ranks (Ray) gives the 1-rank
+    step's grad norm and entropy (to 1e-4), and a non-zero gradient (the script refuses a vacuous comparison).
+    The 1-rank reference runs in process (the same FSDP2 engine without a second Ray start; the Ray launcher's
+    one-rank run is the demo test's)."""
+    proc = subprocess.run([sys.executable, "scripts/gpu_multi.py", "fsdp", "--device", "cpu", "--one-rank-launcher",
+                           "local", "--workdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[multi fsdp] OK" in proc.stdout
