@@ -259,10 +259,51 @@ class ActorRolloutRefWorker(Worker):
                                       "built-in engine (rollout.name=hf) as their rollout server so far")
         from verl.workers.weight_sync.receive import load_hf_weights
 
+        if getattr(self, "_pipeline", None) is not None and self._pipeline.pending():
+            raise RuntimeError(f"new weights while {self._pipeline.pending()} generation chunks are in flight: a "
+                               "chunk must be generated with one weight version (collect them first)")
         load_hf_weights(self.actor_engine.module, weights)
         self.actor_engine.sync_hf_rollout_module()
         self.weight_version = int(version)
         return self.weight_version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_pipelining(self) -> bool:
+        """Whether this rank can keep several chunks in flight (:mod:`verl.workers.rollout.pipelined`)."""
+        from verl.workers.rollout.pipelined import supports_pipelining
+
+        return supports_pipelining(self.rollout, self.agent_loop, self._rollout_group)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def submit_generation(self, prompts: DataProto, tag: int, depth: int) -> None:
+        """Start generating this rank's part of chunk ``tag`` and return at once; ``depth``: how many chunks the
+        caller keeps in flight (sizes the slot cache). The chunk is generated with the weights held now."""
+        from verl.workers.rollout.pipelined import ChunkPipeline
+
+        if getattr(self, "_pipeline", None) is None:
+            self._pipeline = ChunkPipeline(self.rollout, self.config.rollout, self.eos_ids, self.pad_token_id)
+            self._pipeline_versions = {}
+        prompts.meta_info.setdefault("response_length", self.config.rollout.response_length)
+        if not self._pipeline.pending():
+            self.rollout_cycle.before_generate()
+        self._pipeline.submit(tag, prompts, int(depth))
+        self._pipeline_versions[tag] = (self.weight_version, time.time())
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def collect_generation(self, tag: int) -> DataProto:
+        """Chunk ``tag`` (blocking), laid out as :meth:`generate_sequences` returns it and stamped with the
+        weight version it was submitted under."""
+        version, t0 = self._pipeline_versions.pop(tag)
+        try:
+            out = self._pipeline.collect(tag)
+        finally:
+            if not self._pipeline.pending():
+                self.rollout_cycle.after_generate()
+        self._stamp_weight_version(out, version)
+        rank_metrics = {"timing_s/generate_sequences": time.time() - t0}
+        rank_metrics.update(getattr(self.rollout, "engine_metrics", None) or {})
+        out.meta_info["metrics"] = [rank_metrics]
+        return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def rollout_rng_state(self) -> dict:
@@ -275,12 +316,13 @@ class ActorRolloutRefWorker(Worker):
         _set_rng_state(state)
         return True
 
-    def _stamp_weight_version(self, out: DataProto) -> None:
-        """Per-token record of the parameter version that generated each response token (0 on padding)."""
+    def _stamp_weight_version(self, out: DataProto, version: int | None = None) -> None:
+        """Per-token record of the parameter version that generated each response token (0 on padding):
+        ``version``, or the one held now."""
         if not hasattr(self, "weight_version") or "responses" not in out.batch.keys():
             return
         mask = out.batch["attention_mask"][:, -out.batch["responses"].size(1):]
-        out.batch["rollout_weight_version"] = mask.long() * self.weight_version
+        out.batch["rollout_weight_version"] = mask.long() * (self.weight_version if version is None else version)
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -155,10 +155,23 @@ class DecodeEngine:
     def run(self, seqs: list[SeqRequest]) -> list[SeqResult]:
         if not seqs:
             return []
-        opt, runner = self.opt, self.runner
-        capacity = max(1, min(opt.max_num_seqs, len(seqs)))
-        max_len = max(len(s.prompt.ids) for s in seqs) + max(s.max_new for s in seqs)
+        capacity = max(1, min(self.opt.max_num_seqs, len(seqs)))
         max_new = max(s.max_new for s in seqs)
+        capacity = self.setup(capacity, max(len(s.prompt.ids) for s in seqs) + max_new, max_new)
+        try:
+            results = self._loop(seqs, capacity)
+            self.opt.stats.update(self.spec_stats(results))
+            self.opt.stats["run_s"] = time.perf_counter() - self._t_setup
+            return results
+        finally:
+            self.teardown()
+
+    def setup(self, capacity: int, max_len: int, max_new: int) -> int:
+        """Allocate the slot cache (``capacity`` slots, fewer if memory says so) and warm up the captured decode
+        step; clears the stats. Returns the slot count. :meth:`run` and a
+        :class:`~verl.workers.rollout.hf_engine.session.EngineSession` (which keeps one cache across chunks) both
+        start here."""
+        opt, runner = self.opt, self.runner
         spec = self._spec_shape()
         capacity = self._fit_memory(capacity, max_len, spec)
         routes = getattr(runner, "route_shape", None) if opt.record_routes else None
@@ -177,7 +190,7 @@ class DecodeEngine:
                 logger.warning("hf rollout: the MoE block syncs with the host (transformers' eager expert loop, or "
                                "a LoRA-wrapped expert), so decode steps run eagerly without CUDA graphs")
                 graphs = False
-            t_run = time.perf_counter()
+            self._t_setup = time.perf_counter()
             self.opt.stats.clear()
             self.opt.stats.update(capture_s=0.0, prefill_s=0.0, prefills=0, prefill_tokens=0, decode_steps=0,
                                   slot_steps=0, cuda_graphs=int(graphs), slots=capacity)
@@ -188,17 +201,24 @@ class DecodeEngine:
                     sizes.append(capacity)
                 self._warm_up(sizes)
                 self.opt.stats["warmup_s"] = time.perf_counter() - t0
-            results = self._loop(seqs, capacity)
-            if spec is not None:
-                from verl.workers.rollout.hf_engine.speculative import spec_stats
+        except BaseException:
+            self.teardown()
+            raise
+        return capacity
 
-                self.opt.stats.update(spec_stats([r.spec for r in results]))
-            self.opt.stats["run_s"] = time.perf_counter() - t_run
-            return results
-        finally:
-            self.graphs.clear()
-            self._buckets, self._pool = [], None
-            self.cache = None
+    def teardown(self) -> None:
+        """Drop the graphs and the slot cache."""
+        self.graphs.clear()
+        self._buckets, self._pool = [], None
+        self.cache = None
+
+    def spec_stats(self, results: list[SeqResult]) -> dict:
+        """Speculative decoding's acceptance over ``results`` (empty for plain decoding)."""
+        if self.cache is None or self.cache.spec is None:
+            return {}
+        from verl.workers.rollout.hf_engine.speculative import spec_stats
+
+        return spec_stats([r.spec for r in results])
 
     def _spec_shape(self) -> Optional[SpecShape]:
         """The speculative cache layout (None: plain decoding); refuses what speculative decoding lacks."""
@@ -237,30 +257,39 @@ class DecodeEngine:
         results: list[Optional[SeqResult]] = [None] * len(seqs)
         waiting = deque(range(len(seqs)))
         running: list[int] = []  # running[slot] = index into seqs
+        budget: dict[int, int] = {}
+        while waiting or running:
+            self.step(seqs, waiting, running, budget, results, capacity)
+        return results  # type: ignore[return-value]
+
+    def step(self, seqs: list[SeqRequest], waiting: deque, running: list[int], budget: dict[int, int],
+             results: list, capacity: int) -> None:
+        """One round of the host loop: admit waiting sequences into free slots, run up to ``sync_every`` decode
+        steps, retire what finished into ``results`` (indexed like ``seqs``). ``seqs`` and ``results`` may grow
+        between rounds (a session appends new chunks' sequences; indices stay valid)."""
+        free = capacity - len(running)
         admit_min = max(1, int(capacity * self.opt.admit_fraction))
+        if waiting and free and (not running or (self.opt.continuous and free >= min(len(waiting), admit_min))):
+            self._admit(seqs, waiting, running, capacity)
+        if not running:
+            return
         stats = self.opt.stats
+        b = len(running)
         # Tokens each running sequence may still produce (prefill drew its first). Every decode step draws one
         # for every live slot, so the host knows this without reading the device, and never runs steps that
         # no sequence can use (short responses: 6 tokens took 8 steps with sync_every=4).
-        budget: dict[int, int] = {}
-        while waiting or running:
-            free = capacity - len(running)
-            if waiting and free and (not running or (self.opt.continuous and free >= min(len(waiting), admit_min))):
-                self._admit(seqs, waiting, running, capacity)
-            b = len(running)
-            for i in running:
-                budget.setdefault(i, seqs[i].max_new - 1)
-            n = min(self.opt.sync_every, max(budget[i] for i in running))
-            for _ in range(n):
-                self._decode(b)
-            for i in running:
-                budget[i] -= n
-            stats["decode_steps"] += n
-            stats["slot_steps"] += n * b
-            done = self.cache.done[:b].tolist()
-            if any(done):
-                self._retire(seqs, running, done, results)
-        return results  # type: ignore[return-value]
+        for i in running:
+            budget.setdefault(i, seqs[i].max_new - 1)
+        n = min(self.opt.sync_every, max(budget[i] for i in running))
+        for _ in range(n):
+            self._decode(b)
+        for i in running:
+            budget[i] -= n
+        stats["decode_steps"] += n
+        stats["slot_steps"] += n * b
+        done = self.cache.done[:b].tolist()
+        if any(done):
+            self._retire(seqs, running, done, results)
 
     def _admit(self, seqs, waiting: deque, running: list[int], capacity: int) -> None:
         """Move waiting sequences into the free slots, prefilling at most ``prefill_tokens`` prompt tokens per

@@ -126,16 +126,25 @@ def build_sequences(requests: list[GenerationRequest], params: SamplingParams, m
     return seqs, owner
 
 
-def generate_with_engine(rollout, requests: list[GenerationRequest], params: SamplingParams):
+def sampler_config(params: SamplingParams, model_config) -> SamplerConfig:
+    return SamplerConfig(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                         suppress_ids=tuple(vision_placeholder_ids(model_config)))
+
+
+def draw_seed(params: SamplingParams) -> int:
+    """The call's sampling seed: the caller's, else one draw from the global RNG (what a checkpoint restores)."""
+    return params.seed if params.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)).item())
+
+
+@contextlib.contextmanager
+def open_engine(rollout, params: SamplingParams):
+    """A :class:`DecodeEngine` over the rollout's module, gathered and in eval mode for the block; afterwards the
+    module is back in its mode and the cache goes back to the driver."""
     module = rollout.module
     opt, backend = engine_options(rollout.config)
-    seed = params.seed if params.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)).item())
-    seqs, owner = build_sequences(requests, params, module.config, seed)
-    sampler = SamplerConfig(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                            suppress_ids=tuple(vision_placeholder_ids(module.config)))
     opt.record_routes = bool(rollout.config.get("enable_rollout_routing_replay", False))
     opt.num_speculative_tokens = speculative_tokens(getattr(rollout, "model_config", None))
-    tape = None
+    tape = engine = runner = None
     with unsharded(module):
         was_training = module.training
         module.eval()
@@ -149,8 +158,8 @@ def generate_with_engine(rollout, requests: list[GenerationRequest], params: Sam
                     raise ValueError("actor_rollout_ref.rollout.enable_rollout_routing_replay=true needs a MoE model "
                                      "(top-k routers) with a decode runner that records routes")
                 runner.record_routes(tape)
-            engine = DecodeEngine(runner, sampler, list(params.stop_token_ids), opt)
-            results = engine.run(seqs)
+            engine = DecodeEngine(runner, sampler_config(params, module.config), list(params.stop_token_ids), opt)
+            yield engine
         finally:
             module.train(was_training)
             if tape is not None:
@@ -159,8 +168,19 @@ def generate_with_engine(rollout, requests: list[GenerationRequest], params: Sam
     # Hand the rollout's cache back to the driver, not just to torch's allocator: the phases that follow (the
     # actor update at 9B) need it, and Triton's kernel loads and autotuning allocate outside that allocator.
     get_torch_device().empty_cache()
-    rollout.last_stats = dict(opt.stats)
-    outputs: list[list[GenerationOutput]] = [[] for _ in requests]
+
+
+def generate_with_engine(rollout, requests: list[GenerationRequest], params: SamplingParams):
+    seqs, owner = build_sequences(requests, params, rollout.module.config, draw_seed(params))
+    with open_engine(rollout, params) as engine:
+        results = engine.run(seqs)
+        rollout.last_stats = dict(engine.opt.stats)
+    return engine_outputs(results, owner, len(requests), params)
+
+
+def engine_outputs(results, owner: list[int], n_requests: int, params: SamplingParams):
+    """Decode-loop results -> one list of outputs per request."""
+    outputs: list[list[GenerationOutput]] = [[] for _ in range(n_requests)]
     for r, res in zip(owner, results):
         outputs[r].append(GenerationOutput(token_ids=res.tokens, log_probs=res.log_probs if params.logprobs else None,
                                            finish_reason=res.finish_reason, routed_experts=res.routes))
