@@ -13,7 +13,8 @@ Printed per mode: samples/s over steps 2..N (step 1 holds the one-off compilatio
 ``sync``, and where each pool's GPUs wait: the trainer's wait for samples (``fully_async/trainer/idle_ratio``),
 the rollout pool's time with nothing to do (``fully_async/rollouter/idle_ratio``), and inside generation the
 share of decode slot-steps that held no live sequence (``1 - slot_steps / (decode_steps x slots)`` from
-``perf/hf_engine/*``: the long tail's idle slots). For ``sync``, generation's share of the step.
+``perf/hf_engine/*``: the long tail's idle slots), and for ``fully_async`` the most generation chunks in flight
+on the rollout pool against the pipeline depth. For ``sync``, generation's share of the step.
 
     python scripts/gpu_async.py --gpus 2                         # 1 trainer GPU + 1 rollout GPU vs 2 colocated
     python scripts/gpu_async.py --gpus 4 --modes sync,one_step   # 2 + 2
@@ -64,10 +65,12 @@ def overrides(args, mode: str, model: Path, data: Path) -> list[str]:
     if mode == "one_step":
         return common + split + [f"data.train_batch_size={p}", f"actor_rollout_ref.actor.ppo_mini_batch_size={p}"]
     # fully async: a trainer step takes require_batches x mini-batch = p prompts, generated in chunks of
-    # --chunk-prompts. The rollout pool generates one chunk at a time, so a chunk lasts as long as its longest
-    # response: chunks of p / 4 left half the decode slots idle on 2 x H100 (2026-11-26, docs/advance/async_rl.md)
+    # --chunk-prompts, with --concurrent-samples prompts per rollout replica in flight (chunks submitted ahead
+    # share the engine's slots: one chunk at a time, chunks of p / 4 left half the decode slots idle on
+    # 2 x H100, 2026-11-26, docs/advance/async_rl.md)
     chunk = args.chunk_prompts or p
     return common + split + [
+        f"async_training.concurrent_samples_per_replica={args.concurrent_samples or 2 * p // (g - g // 2) or 1}",
         "data.train_batch_size=0", f"data.gen_batch_size={chunk}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, p // 2)}", "async_training.require_batches=2",
         f"async_training.staleness_threshold={args.staleness}", "async_training.trigger_parameter_sync_step=1",
@@ -113,6 +116,8 @@ def summarize(steps: list[dict], prompts: int, n: int) -> dict:
                 mean("timing_s/gen") / mean("timing_s/step"), trainer_idle=mean("fully_async/trainer/idle_ratio"),
                 rollout_idle=mean("fully_async/rollouter/idle_ratio"),
                 slot_idle=sum(slot_idle) / len(slot_idle) if slot_idle else None,
+                depth=mean("fully_async/rollouter/pipeline_depth"), in_flight=max(
+                    (r["data"].get("fully_async/rollouter/max_chunks_in_flight", 0) for r in timed), default=0),
                 response_mean=mean("response_length/mean"), response_max=max(
                     (r["data"].get("response_length/max", 0) for r in timed), default=0))
 
@@ -123,14 +128,16 @@ def report(args, results: dict) -> None:
     print(f"\n=== {args.shape}, {args.gpus} x {args.device_name}: {args.prompts} prompts x n={args.n} per step, "
           f"responses <= {args.max_response} (mean aimed at {args.mean_response:.0f}), {args.steps} steps ===")
     print("| mode | GPUs (train + rollout) | steps | samples/s | vs sync | step s | response mean / max | "
-          "gen share | trainer idle | rollout pool idle | idle decode slots |")
-    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+          "gen share | trainer idle | rollout pool idle | idle decode slots | chunks in flight |")
+    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for mode, r in results.items():
         gpus = f"{args.gpus} colocated" if mode == "sync" else f"{args.gpus // 2} + {args.gpus - args.gpus // 2}"
         vs = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
+        flight = "-" if r["depth"] is None else f"{r['in_flight']:.0f} of {r['depth']:.0f}"
         print(f"| {mode} | {gpus} | {r['steps']} | {r['samples_per_s']:.2f} | {vs} | {r['step_s']:.1f} | "
               f"{r['response_mean'] or 0:.0f} / {r['response_max']:.0f} | {pct(r['gen_share']) if mode == 'sync' else '-'} | "
-              f"{pct(r['trainer_idle'])} | {pct(r['rollout_idle'])} | {pct(r['slot_idle'])} |", flush=True)
+              f"{pct(r['trainer_idle'])} | {pct(r['rollout_idle'])} | {pct(r['slot_idle'])} | "
+              f"{flight} |", flush=True)
 
 
 def main(argv=None) -> int:
@@ -149,6 +156,9 @@ def main(argv=None) -> int:
     p.add_argument("--mean-response", type=float, default=1500.0)
     p.add_argument("--chunk-prompts", type=int, default=0, help="fully_async: prompts per generated chunk "
                    "(data.gen_batch_size; default: a whole step's --prompts)")
+    p.add_argument("--concurrent-samples", type=int, default=0, help="fully_async: prompts in flight per rollout "
+                   "replica (async_training.concurrent_samples_per_replica; default: two steps' prompts over the "
+                   "rollout replicas, i.e. up to two chunks of a whole step in flight)")
     p.add_argument("--staleness", type=float, default=0.5, help="async_training.staleness_threshold (fully_async)")
     p.add_argument("--workdir", default="/tmp/verl_async")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per launch")

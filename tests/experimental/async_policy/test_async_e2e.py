@@ -45,10 +45,28 @@ def test_fully_async_applies_the_default_correction_to_stale_batches(tmp_path):
         assert s["fully_async/correction/default_is"] == 1.0 and math.isfinite(s["rollout_corr/rollout_is_mean"])
 
 
+def test_fully_async_keeps_several_chunks_in_flight(tmp_path):
+    """concurrent_samples_per_replica=4 over chunks of 2 prompts: two chunks in flight on the rollout pool, their
+    sequences in one decode session; every chunk keeps the one weight version that generated it."""
+    _, rec = run_async("fully_async", tmp_path, FAST + [
+        "data.gen_batch_size=2", "trainer.total_training_steps=3", "async_training.staleness_threshold=1",
+        "async_training.trigger_parameter_sync_step=1", "async_training.concurrent_samples_per_replica=4"])
+    steps = train_records(rec)
+    assert sorted(steps) == [1, 2, 3]
+    assert all(s["fully_async/rollouter/pipeline_depth"] == 2 for s in steps.values())
+    assert max(s["fully_async/rollouter/max_chunks_in_flight"] for s in steps.values()) == 2
+    for s in steps.values():
+        assert s["fully_async/staleness/max"] <= 1  # the threshold holds with chunks in flight
+        assert math.isfinite(s["actor/pg_loss"])
+        # the step's decode figures are sums over its chunks' stretches of the session
+        assert 0 < s["perf/hf_engine/slot_steps"] <= s["perf/hf_engine/decode_steps"] * s["perf/hf_engine/slots"]
+
+
 @pytest.mark.parametrize("override,needle", [
     ("async_training.partial_rollout=true", "async_training.partial_rollout"),
     ("actor_rollout_ref.rollout.name=vllm", "rollout.name"),
     ("trainer.launcher=local", "trainer.launcher"),
+    ("async_training.concurrent_samples_per_replica=0", "async_training.concurrent_samples_per_replica"),
 ])
 def test_unsupported_settings_are_refused(monkeypatch, capsys, override, needle):
     # The entry point's main in process: the refusal happens while the config is validated, before Ray or a
@@ -69,7 +87,10 @@ def test_unsupported_settings_are_refused(monkeypatch, capsys, override, needle)
 def test_demo_learns(tmp_path, mode):
     """The demo's learning bar (tests/trainer/test_demo.py) in each asynchronous mode, on its default config."""
     _, rec = run_async(mode, tmp_path, ["trainer.test_freq=-1", "trainer.val_before_train=false"], timeout=1500)
-    scores = [s["critic/score/mean"] for _, s in sorted(train_records(rec).items())]
+    steps = train_records(rec)
+    scores = [s["critic/score/mean"] for _, s in sorted(steps.items())]
+    if mode == "fully_async":  # the demo's chunks of 8 prompts, 16 per replica: two chunks in flight
+        assert all(s["fully_async/rollouter/pipeline_depth"] == 2 for s in steps.values())
     assert len(scores) >= 20
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
     assert last - first >= 0.3, (first, last, scores)

@@ -7,6 +7,7 @@ import itertools
 import math
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,32 +18,49 @@ from verl.experimental.async_policy.schedule import Schedule, fully_async_schedu
 
 
 class FakePool:
-    """Records installed versions; generation takes a little while so the trainer and rollouter interleave."""
+    """A stand-in rollout pool with chunks in flight: a chunk takes ``gen_s`` from its submission (chunks in flight
+    overlap, as in the engine's shared batch). It records installed versions, refuses weights while chunks are in
+    flight, and notes the version at each chunk's start and end (they must be equal)."""
 
-    def __init__(self, load_s: float = 0.0):
+    def __init__(self, load_s: float = 0.0, gen_s: float = 0.002, fail: bool = False):
         self.version = 0
         self.installed = []
         self.lock = threading.Lock()
-        self.load_s = load_s
+        self.load_s, self.gen_s, self.fail = load_s, gen_s, fail
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.rng = itertools.count()
 
     def load_rollout_weights(self, weights, version):
+        with self.lock:
+            assert self.in_flight == 0, "new weights while chunks are in flight"
         time.sleep(self.load_s)
         with self.lock:
             self.version = version
             self.installed.append(version)
 
-    def rollout_rng_state(self):
-        return [{"v": self.version}]
+    def submit(self, batch_dict):
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            return SimpleNamespace(chunk=batch_dict, version=self.version, started=time.perf_counter(),
+                                   rng_state=[next(self.rng)])
+
+    def collect(self, handle):
+        if self.fail:
+            raise ValueError("boom")
+        time.sleep(max(0.0, handle.started + self.gen_s - time.perf_counter()))
+        with self.lock:
+            self.in_flight -= 1
+            return {"chunk": handle.chunk, "version": handle.version, "end_version": self.version}
+
+    def finish(self, handle, out):
+        return out, {}
 
 
-def _rollouter(schedule: Schedule, pool: FakePool, gen_s: float = 0.002) -> Rollouter:
-    counter = itertools.count()
-
-    def generate(batch_dict):
-        time.sleep(gen_s)
-        return {"chunk": batch_dict, "version": pool.version}, {}
-
-    return Rollouter(schedule, generate, pool, iter(counter), lambda: {"consumed": 0})
+def _rollouter(schedule: Schedule, pool: FakePool, gen_s: float = 0.002, depth: int = 1) -> Rollouter:
+    pool.gen_s = gen_s
+    return Rollouter(schedule, pool, iter(itertools.count()), lambda: {"consumed": 0}, depth=depth)
 
 
 def _train(rollouter: Rollouter, schedule: Schedule, steps: int, train_s: float = 0.005) -> list[list[int]]:
@@ -51,6 +69,7 @@ def _train(rollouter: Rollouter, schedule: Schedule, steps: int, train_s: float 
     for step in range(1, steps + 1):
         chunks, _ = rollouter.take(schedule.chunks_per_step)
         assert all(c.batch["version"] == c.version for c in chunks)  # chunk version = the pool's version
+        assert all(c.batch["end_version"] == c.version for c in chunks)  # ... from its start to its end
         seen.append([version - c.version for c in chunks])
         time.sleep(train_s)
         if step % schedule.trigger_parameter_sync_step == 0:
@@ -66,9 +85,10 @@ def _cfg(**at):
                                                 "require_batches": 2, **at}})
 
 
+@pytest.mark.parametrize("depth", [1, 3])
 @pytest.mark.parametrize("threshold,trigger", [(1.0, 1), (0.5, 2), (2.0, 1)])
 @pytest.mark.parametrize("gen_s,train_s", [(0.002, 0.006), (0.006, 0.002)])  # slower trainer / slower rollout
-def test_fully_async_generation_per_version_is_bounded(threshold, trigger, gen_s, train_s):
+def test_fully_async_generation_per_version_is_bounded(threshold, trigger, gen_s, train_s, depth):
     """Upstream's rule: at most (1 + threshold) * trigger * require_batches mini-batches are generated with one
     version, the chunks still queued at a sync counting against the new version's allowance."""
     schedule = fully_async_schedule(_cfg(staleness_threshold=threshold, trigger_parameter_sync_step=trigger,
@@ -76,7 +96,7 @@ def test_fully_async_generation_per_version_is_bounded(threshold, trigger, gen_s
     assert schedule.chunks_per_step == 2 and schedule.chunk_prompts == 2
     assert schedule.max_per_version == int(2 * trigger * (1 + threshold))
     pool = FakePool()
-    r = _rollouter(schedule, pool, gen_s=gen_s)
+    r = _rollouter(schedule, pool, gen_s=gen_s, depth=depth)
     sizes = []
     install = r._install_pending
 
@@ -153,15 +173,47 @@ def test_one_step_off_runs_exactly_one_step_ahead():
 
 def test_a_failing_generation_reaches_the_trainer():
     schedule = one_step_off_schedule(OmegaConf.create({"data": {"train_batch_size": 4}}))
-
-    def generate(batch_dict):
-        raise ValueError("boom")
-
-    r = Rollouter(schedule, generate, FakePool(), iter(range(9)), dict)
+    r = Rollouter(schedule, FakePool(fail=True), iter(range(9)), dict)
     r.start()
     with pytest.raises(RuntimeError, match="rollouter failed: boom"):
         r.take(1)
     r.stop()
+
+
+def test_pipelined_rollouter_keeps_depth_chunks_in_flight():
+    """Depth 3 on a slow pool: three chunks are in flight at once, each generated with one version (the pool
+    refuses weights while any is in flight), and the metrics say so."""
+    schedule = fully_async_schedule(_cfg(staleness_threshold=2.0, gen=2))
+    assert schedule.max_per_version == 6
+    pool = FakePool()
+    r = _rollouter(schedule, pool, gen_s=0.03, depth=3)
+    r.start()
+    try:
+        seen = _train(r, schedule, steps=6, train_s=0.001)
+        util = r.read_utilization()
+    finally:
+        r.stop()
+    assert pool.most_in_flight == 3
+    assert util["fully_async/rollouter/pipeline_depth"] == 3
+    assert 1 <= util["fully_async/rollouter/max_chunks_in_flight"] <= 3
+    assert max(max(a) for a in seen) <= 2  # staleness stays within the threshold
+
+
+def test_exclusive_waits_for_the_chunks_in_flight():
+    schedule = fully_async_schedule(_cfg(staleness_threshold=2.0, gen=2))
+    pool = FakePool()
+    r = _rollouter(schedule, pool, gen_s=0.02, depth=3)
+    r.start()
+    try:
+        time.sleep(0.01)
+        assert pool.in_flight > 0
+        r.offer_weights([], 1)
+        with r.exclusive():  # validation: the pool to itself, the offered weights installed
+            assert pool.in_flight == 0 and pool.version == 1
+            time.sleep(0.02)
+            assert pool.in_flight == 0
+    finally:
+        r.stop()
 
 
 def test_gen_batch_size_must_divide_a_step():

@@ -7,11 +7,9 @@ Each upstream key of the async configs either does what upstream's does here or 
 
 from __future__ import annotations
 
-import warnings
-
 from omegaconf import DictConfig, open_dict
 
-from verl.trainer.config.checker import ConfigValidationError, ConfigWarning
+from verl.trainer.config.checker import ConfigValidationError
 
 MODES = ("one_step_off", "fully_async")
 
@@ -78,10 +76,10 @@ def _fully_async_problems(cfg: DictConfig) -> list[str]:
     if at.get("use_dynamic_resource_scheduling", False):
         problems.append("async_training.use_dynamic_resource_scheduling=True: hybrid replicas on the trainer pool "
                         "are not implemented; set it to False")
-    if at.get("concurrent_samples_per_replica", 16) != 16:
-        warnings.warn("async_training.concurrent_samples_per_replica has no effect here: the built-in rollout "
-                      "server batches a whole generation chunk (data.gen_batch_size prompts)", ConfigWarning,
-                      stacklevel=2)
+    per_replica = at.get("concurrent_samples_per_replica", 16)
+    if isinstance(per_replica, bool) or not isinstance(per_replica, int) or per_replica < 1:
+        problems.append(f"async_training.concurrent_samples_per_replica={per_replica!r}: must be an integer >= 1 "
+                        "(prompts in generation at once per rollout replica)")
     return problems
 
 

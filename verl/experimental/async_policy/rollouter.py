@@ -1,19 +1,28 @@
 """The rollouter: a controller thread that keeps the rollout pool generating into a bounded queue.
 
-It draws prompt chunks from the prompt loader, generates and scores them on the rollout pool (through the
-trainer's ``generate_and_score``), and queues each chunk with the weight version that produced it. New
-weights from the trainer are installed between chunks (:meth:`Rollouter.offer_weights`): a chunk is never
-generated with two versions, so the per-token version of a chunk is the chunk's version. How far it may run
-ahead is the :class:`~.schedule.Schedule`'s business.
+It draws prompt chunks from the prompt loader, submits them to the rollout pool (:class:`~.pool.RolloutPool`),
+collects them in order, scores them and queues each with the weight version that produced it. Up to ``depth``
+chunks are in flight at once: the pool's engine batches them together, so a chunk's sequences take the decode
+slots that an earlier chunk's short responses freed while its long tail still decodes. The thread always
+prefers, in this order: submitting (while the schedule and the depth allow), scoring what it collected,
+collecting the oldest chunk in flight (blocking); Ray runs one call of a worker at a time, so chunk k+1 is
+submitted before chunk k is collected.
+
+New weights from the trainer (:meth:`Rollouter.offer_weights`) stop the submissions; the chunks in flight finish
+with the weights they started with, and once the pool holds none the new weights are installed and submission
+goes on. A chunk is never generated with two versions, so the per-token version of a chunk is the chunk's
+version. How far it may run ahead is the :class:`~.schedule.Schedule`'s business: a submitted chunk counts
+against its version's allowance and takes a place in the queue from its submission.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from verl.protocol import DataProto
 
@@ -25,38 +34,55 @@ class RolloutChunk:
     batch: DataProto  # generated and scored
     version: int  # the weight version that generated it
     loader_state: dict  # the prompt loader's state right after this chunk was drawn
-    rng_state: list  # the rollout ranks' sampling RNG states right after generating it
-    gen_seconds: float
+    rng_state: list  # the rollout ranks' sampling RNG states right after this chunk started
+    gen_seconds: float  # submission to collection
     metrics: dict = field(default_factory=dict)
 
 
-class Rollouter:
-    """``generate(batch_dict) -> (DataProto, metrics)`` runs one chunk on the rollout pool; ``rollout_wg`` is
-    that pool's worker group (``load_rollout_weights``, ``rollout_rng_state``); ``prompts`` yields prompt
-    chunks and ``loader_state()`` is the prompt loader's resumable state."""
+@dataclass
+class _Job:
+    handle: Any  # the pool's handle of the submitted chunk (set once submitted)
+    version: int
+    loader_state: Optional[dict]
+    out: Any = None  # the pool's output once collected
+    collected: bool = False
 
-    def __init__(self, schedule: Schedule, generate: Callable, rollout_wg, prompts: Iterator[dict],
-                 loader_state: Callable[[], dict], version: int = 0):
+
+class Rollouter:
+    """``pool`` is the rollout pool (``submit(batch_dict) -> handle`` at once; ``collect(handle) -> out``, blocking,
+    which sets ``handle.rng_state``; ``finish(handle, out) -> (batch, metrics)``, scoring on the controller;
+    ``load_rollout_weights``; the handle's ``started`` time); ``prompts`` yields prompt chunks and
+    ``loader_state()`` is the prompt loader's resumable state; ``depth``: chunks kept in flight."""
+
+    def __init__(self, schedule: Schedule, pool, prompts: Iterator[dict], loader_state: Callable[[], dict],
+                 version: int = 0, depth: int = 1):
+        if depth < 1:
+            raise ValueError(f"the rollouter's pipeline depth must be >= 1, got {depth}")
         self.schedule = schedule
-        self._generate = generate
-        self._wg = rollout_wg
+        self.depth = int(depth)
+        self._pool = pool
         self._prompts = prompts
         self._loader_state = loader_state
         self.version = version  # the version the rollout pool holds
         self._queue: list[RolloutChunk] = []
-        self._produced = 0  # chunks generated with the current version
+        self._jobs: deque[_Job] = deque()  # submitted, not queued yet (oldest first)
+        self._on_pool = 0  # jobs submitted and not collected yet
+        self._produced = 0  # chunks submitted with the current version
         self._pending: Optional[tuple[list, int]] = None  # newest weights offered, not yet installed
-        # Chunks the trainer had not consumed when those weights were offered, plus old-version chunks finished
-        # since: they count against the new version's allowance (counted at the offer, i.e. upstream's sync;
-        # counting at the install instead would miss what the trainer takes while the weights load).
+        # Chunks the trainer had not consumed when those weights were offered (queued or in flight): they count
+        # against the new version's allowance (counted at the offer, i.e. upstream's sync; counting at the
+        # install instead would miss what the trainer takes while the weights load).
         self._leftover = 0
         self._cond = threading.Condition()
-        self._gen_lock = threading.Lock()  # held while the pool generates (validation waits on it)
+        self._hold = 0  # callers of exclusive() waiting for or holding the pool
+        self._busy = False  # the pool has chunks in flight or is loading weights (exclusive() waits)
         self._stop = False
         self._error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
         self._busy_s = 0.0  # since the last metrics read
         self._idle_s = 0.0
+        self._busy_since: Optional[float] = None
+        self._max_on_pool = 0  # most chunks in flight since the last metrics read
         self.total_generated_samples = 0
 
     # -------------------------------------------------------------- thread
@@ -69,11 +95,11 @@ class Rollouter:
             self._stop = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join()  # the chunk in flight finishes: its workers are busy until it does
+            self._thread.join()  # the chunks in flight finish: their workers are busy until they do
 
     def _may_start(self) -> bool:
         s = self.schedule
-        room = s.max_queued is None or len(self._queue) < s.max_queued
+        room = s.max_queued is None or len(self._queue) + len(self._jobs) < s.max_queued
         # Pending weights restart the count at the chunks left over at the offer (upstream's reset at a sync:
         # what the trainer has not consumed yet counts against the new version's allowance, which bounds both
         # the queue and the staleness).
@@ -81,45 +107,94 @@ class Rollouter:
         fresh = s.max_per_version is None or produced < s.max_per_version
         return room and fresh
 
+    def _can_submit(self) -> bool:
+        """Under the lock: the schedule allows a chunk, the depth has room, nobody waits for the pool, and pending
+        weights (if any) can go in first because nothing is in flight."""
+        return (not self._stop and self._hold == 0 and self._on_pool < self.depth and self._may_start()
+                and (self._pending is None or self._on_pool == 0))
+
+    def _set_busy(self, busy: bool) -> None:
+        now = time.perf_counter()
+        if busy and not self._busy:
+            self._busy_since = now
+        elif not busy and self._busy:
+            self._busy_s += now - self._busy_since
+            self._busy_since = None
+            self._cond.notify_all()
+        self._busy = busy
+
     def _run(self) -> None:
         try:
             while True:
                 t0 = time.perf_counter()
                 with self._cond:
-                    while not self._stop and not self._may_start():
+                    while not (self._can_submit() or self._jobs or self._stop):
                         self._cond.wait()
-                    if self._stop:
+                    if self._stop and not self._jobs:
                         return
-                    self._idle_s += time.perf_counter() - t0
-                with self._gen_lock:
-                    t1 = time.perf_counter()
-                    self._install_pending()
-                    batch_dict = next(self._prompts)
-                    loader_state = self._loader_state()
-                    batch, metrics = self._generate(batch_dict)
-                    rng = self._wg.rollout_rng_state()
-                    seconds = time.perf_counter() - t1
-                chunk = RolloutChunk(batch, self.version, loader_state, rng, seconds, metrics)
-                with self._cond:
-                    self._queue.append(chunk)
-                    self._produced += 1
-                    if self._pending is not None:  # finished after newer weights were offered: stale already
-                        self._leftover += 1
-                    self._busy_s += seconds
-                    self.total_generated_samples += len(batch)
-                    self._cond.notify_all()
+                    if not self._busy:
+                        self._idle_s += time.perf_counter() - t0
+                    submit = self._can_submit()
+                    collected = bool(self._jobs) and self._jobs[0].collected
+                    oldest_on_pool = self._jobs[len(self._jobs) - self._on_pool] if self._on_pool else None
+                    if submit:
+                        # Reserve the chunk's place now: weights offered from here on count it as left over.
+                        self._set_busy(True)
+                        job = _Job(None, self.version, None)
+                        install = self._pending is not None  # (nothing is in flight: _can_submit)
+                        self._jobs.append(job)
+                        self._on_pool += 1
+                        self._produced += 0 if install else 1
+                        self._max_on_pool = max(self._max_on_pool, self._on_pool)
+                if submit:
+                    self._submit(job, install)
+                elif collected:  # chunks are collected in order, so the oldest is the next to queue
+                    self._queue_oldest()
+                else:
+                    self._collect(oldest_on_pool)
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
             with self._cond:
                 self._error = exc
+                self._set_busy(False)
                 self._cond.notify_all()
+
+    def _submit(self, job: _Job, install: bool) -> None:
+        if install:
+            self._install_pending()
+            with self._cond:
+                self._produced += 1  # the install restarted the count at the leftover
+                job.version = self.version
+        batch_dict = next(self._prompts)
+        job.loader_state = self._loader_state()
+        job.handle = self._pool.submit(batch_dict)
+
+    def _collect(self, job: _Job) -> None:
+        out = self._pool.collect(job.handle)  # blocks until the chunk is done
+        with self._cond:
+            job.out, job.collected = out, True
+            self._on_pool -= 1
+            if self._on_pool == 0:
+                self._set_busy(False)
+
+    def _queue_oldest(self) -> None:
+        with self._cond:
+            job = self._jobs[0]
+        batch, metrics = self._pool.finish(job.handle, job.out)
+        seconds = time.perf_counter() - job.handle.started
+        chunk = RolloutChunk(batch, job.version, job.loader_state, job.handle.rng_state, seconds, metrics)
+        with self._cond:
+            self._jobs.popleft()
+            self._queue.append(chunk)
+            self.total_generated_samples += len(batch)
+            self._cond.notify_all()
 
     # -------------------------------------------------------------- weights
     def offer_weights(self, weights: list, version: int) -> None:
-        """Newer weights for the pool: installed before the next chunk starts (an older offer not yet
-        installed is superseded)."""
+        """Newer weights for the pool: installed once the chunks in flight are collected, before the next chunk
+        starts (an older offer not yet installed is superseded)."""
         with self._cond:
             if self._pending is None:
-                self._leftover = len(self._queue)
+                self._leftover = len(self._queue) + len(self._jobs)
             self._pending = (weights, version)
             self._cond.notify_all()
 
@@ -129,17 +204,29 @@ class Rollouter:
             leftover = self._leftover
         if pending is not None:
             weights, version = pending
-            self._wg.load_rollout_weights(weights, version)
+            self._pool.load_rollout_weights(weights, version)
             with self._cond:
                 self.version = version
                 self._produced = leftover
 
     @contextmanager
     def exclusive(self):
-        """The pool to oneself between chunks, with the newest offered weights installed (validation)."""
-        with self._gen_lock:
+        """The pool to oneself once the chunks in flight are collected, with the newest offered weights
+        installed (validation)."""
+        with self._cond:
+            self._hold += 1
+            self._cond.notify_all()
+            while self._busy and self._error is None:
+                self._cond.wait()
+            self._set_busy(True)
+        try:
             self._install_pending()
             yield
+        finally:
+            with self._cond:
+                self._hold -= 1
+                self._set_busy(False)
+                self._cond.notify_all()
 
     # -------------------------------------------------------------- the trainer's side
     def take(self, n: int) -> tuple[list[RolloutChunk], float]:
@@ -159,10 +246,18 @@ class Rollouter:
             return len(self._queue)
 
     def read_utilization(self) -> dict[str, float]:
-        """Busy and idle seconds since the last read (upstream's rollouter metrics)."""
+        """Busy and idle seconds since the last read (upstream's rollouter metrics), the pipeline depth and the
+        most chunks that were in flight at once."""
         with self._cond:
-            busy, idle = self._busy_s, self._idle_s
+            now = time.perf_counter()
+            if self._busy_since is not None:  # the pool is busy right now: count up to here
+                self._busy_s += now - self._busy_since
+                self._busy_since = now
+            busy, idle, most = self._busy_s, self._idle_s, self._max_on_pool
             self._busy_s = self._idle_s = 0.0
+            self._max_on_pool = self._on_pool
         total = busy + idle
         return {"fully_async/rollouter/active_time": busy,
-                "fully_async/rollouter/idle_ratio": idle / total if total > 0 else 0.0}
+                "fully_async/rollouter/idle_ratio": idle / total if total > 0 else 0.0,
+                "fully_async/rollouter/pipeline_depth": self.depth,
+                "fully_async/rollouter/max_chunks_in_flight": most}

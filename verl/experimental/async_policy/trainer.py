@@ -19,10 +19,26 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, _combine_agent_loop_metrics, marked_timer
 
 from . import staleness as st
+from .pool import RolloutPool, pipeline_depth
 from .rollouter import Rollouter
 from .schedule import Schedule
 
 QUEUE_POLICY = "dropped"  # what a checkpoint keeps of the queue (see the module docstring)
+
+# The decode engine's counts over disjoint stretches of its work (each chunk's collect reports the stretch since
+# the previous one): a step's figures are their sums, so 1 - slot_steps / (decode_steps x slots) stays the share
+# of idle decode slots over the step; everything else combines as the synchronous trainer's ranks do.
+_SUMMED = tuple(f"perf/hf_engine/{k}" for k in ("decode_steps", "slot_steps", "prefills", "prefill_tokens",
+                                                  "prefill_s", "capture_s", "warmup_s"))
+
+
+def combine_chunk_metrics(per_chunk: list[dict]) -> dict:
+    out = _combine_agent_loop_metrics(per_chunk)
+    for k in _SUMMED:
+        vals = [m[k] for m in per_chunk if k in m]
+        if vals:
+            out[k] = float(sum(vals))
+    return out
 
 
 class AsyncPPOTrainer(RayPPOTrainer):
@@ -64,13 +80,9 @@ class AsyncPPOTrainer(RayPPOTrainer):
             self.rollout_wg.set_rollout_rng_state(self._consumed_rng)
 
     def _start_steps(self) -> None:
-        def generate(batch_dict: dict):
-            metrics: dict[str, Any] = {}
-            batch = self._generate_and_score(batch_dict, {}, metrics)
-            return batch, metrics
-
-        self.rollouter = Rollouter(self.schedule, generate, self.rollout_wg, self._batch_stream(),
-                                   self.train_dataloader.state_dict, version=self.param_version)
+        depth = pipeline_depth(self.config, self.schedule, all(self.rollout_wg.rollout_pipelining()))
+        self.rollouter = Rollouter(self.schedule, RolloutPool(self, depth), self._batch_stream(),
+                                   self.train_dataloader.state_dict, version=self.param_version, depth=depth)
         self.rollouter.start()
 
     def _end_steps(self) -> None:
@@ -95,7 +107,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
                 c.batch.meta_info.pop("global_steps", None)
             batch = DataProto.concat([c.batch for c in chunks])
             batch.meta_info["global_steps"] = self.global_steps
-            metrics.update(_combine_agent_loop_metrics([c.metrics for c in chunks]))
+            metrics.update(combine_chunk_metrics([c.metrics for c in chunks]))
             ages = st.sample_staleness(batch, self.param_version)
             metrics.update(st.staleness_metrics(ages))
             self._stale_batch = bool((ages > 0).any())

@@ -366,6 +366,13 @@ class RayPPOTrainer:
 
     def _generate_and_score(self, batch_dict: dict, timing: dict, metrics: dict) -> DataProto:
         """One generation batch: repeat each prompt rollout.n times, generate, score."""
+        batch, gen = self._generation_inputs(batch_dict)
+        with marked_timer("gen", timing):
+            gen_out = self._dp_call(self.rollout_wg.generate_sequences, gen)
+        return self._score_generation(batch, gen_out, timing, metrics)
+
+    def _generation_inputs(self, batch_dict: dict) -> tuple[DataProto, DataProto]:
+        """The training batch (each prompt repeated rollout.n times, with its group uid) and the rollout's part."""
         n = self.config.actor_rollout_ref.rollout.n
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
@@ -374,8 +381,10 @@ class RayPPOTrainer:
         batch = batch.repeat(repeat_times=n, interleave=True)
         gen = self._gen_batch(batch)
         gen.meta_info = {"global_steps": self.global_steps}
-        with marked_timer("gen", timing):
-            gen_out = self._dp_call(self.rollout_wg.generate_sequences, gen)
+        return batch, gen
+
+    def _score_generation(self, batch: DataProto, gen_out: DataProto, timing: dict, metrics: dict) -> DataProto:
+        """Merge the rollout's output into the batch and score it."""
         # One metrics dict per data-parallel rank (merged by DataProto.concat); agent-loop ones are logged.
         metrics.update(_combine_agent_loop_metrics(gen_out.meta_info.pop("metrics", None)))
         batch = self._merge_generation(batch, gen_out)
