@@ -127,8 +127,9 @@ class EngineSession:
         self._max_len, self._max_new = max_len, max_new
 
     def _run(self) -> None:
-        if self.engine.runner.device.type == "cuda":
-            torch.cuda.set_device(self.engine.runner.device)  # the current device is per thread
+        device = self.engine.runner.device
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # the current device is per thread
         waiting: deque[int] = deque()
         running: list[int] = []
         budget: dict[int, int] = {}
