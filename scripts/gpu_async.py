@@ -67,8 +67,10 @@ def overrides(args, mode: str, model: Path, data: Path) -> list[str]:
     # fully async: a trainer step takes require_batches x mini-batch = p prompts, generated in chunks of
     # --chunk-prompts, with --concurrent-samples prompts per rollout replica in flight (chunks submitted ahead
     # share the engine's slots: one chunk at a time, chunks of p / 4 left half the decode slots idle on
-    # 2 x H100, 2026-11-26, docs/advance/async_rl.md)
-    chunk = args.chunk_prompts or p
+    # 2 x H100, 2026-11-26, docs/advance/async_rl.md). Small chunks let several be in flight within one weight
+    # version's allowance ((1 + staleness) x a step's chunks, less those left over at each sync): with a whole
+    # step per chunk and staleness 0.5 only one fits.
+    chunk = args.chunk_prompts or max(1, p // 4)
     return common + split + [
         f"async_training.concurrent_samples_per_replica={args.concurrent_samples or 2 * p // (g - g // 2) or 1}",
         "data.train_batch_size=0", f"data.gen_batch_size={chunk}",
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-response", type=int, default=8192)
     p.add_argument("--mean-response", type=float, default=1500.0)
     p.add_argument("--chunk-prompts", type=int, default=0, help="fully_async: prompts per generated chunk "
-                   "(data.gen_batch_size; default: a whole step's --prompts)")
+                   "(data.gen_batch_size; default: a quarter of a step's --prompts, several chunks in flight)")
     p.add_argument("--concurrent-samples", type=int, default=0, help="fully_async: prompts in flight per rollout "
                    "replica (async_training.concurrent_samples_per_replica; default: two steps' prompts over the "
                    "rollout replicas, i.e. up to two chunks of a whole step in flight)")
