@@ -2,7 +2,10 @@
 # Fully asynchronous GRPO on two GPUs: the rollout GPU (built-in `hf` engine) generates continuously into a
 # queue, 8 prompts per call; the trainer GPU (FSDP2) takes 2 x 32 prompts per step and sends its weights every
 # 2 steps; generation may run 50% ahead of what the trainer consumes between two syncs
-# (async_training.staleness_threshold). See docs/advance/async_rl.md.
+# (async_training.staleness_threshold). 64 prompts per rollout GPU are in generation at once
+# (async_training.concurrent_samples_per_replica): 8 chunks in flight share the engine's decode slots, so the
+# slots a chunk's short responses free are taken by the next chunks while its long tail decodes.
+# See docs/advance/async_rl.md.
 # Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 # Model: a local copy of Qwen3.5-0.8B (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-0.8B
 set -xeuo pipefail
@@ -34,6 +37,7 @@ DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
     async_training.trigger_parameter_sync_step=2 \
     async_training.require_batches=2 \
     async_training.partial_rollout=False \
+    async_training.concurrent_samples_per_replica=64 \
     trainer.n_gpus_per_node=1 \
     trainer.nnodes=1 \
     rollout.n_gpus_per_node=1 \

@@ -30,6 +30,7 @@ class FakePool:
         self.in_flight = 0
         self.most_in_flight = 0
         self.rng = itertools.count()
+        self.ahead = []  # what each run of chunks in flight was told it could grow to
 
     def load_rollout_weights(self, weights, version):
         with self.lock:
@@ -39,9 +40,12 @@ class FakePool:
             self.version = version
             self.installed.append(version)
 
-    def submit(self, batch_dict):
+    def submit(self, batch_dict, ahead):
         with self.lock:
+            if self.in_flight == 0:
+                self.ahead.append(ahead)
             self.in_flight += 1
+            assert self.in_flight <= self.ahead[-1], "more chunks in flight than the run was sized for"
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
             return SimpleNamespace(chunk=batch_dict, version=self.version, started=time.perf_counter(),
                                    rng_state=[next(self.rng)])
@@ -194,6 +198,9 @@ def test_pipelined_rollouter_keeps_depth_chunks_in_flight():
     finally:
         r.stop()
     assert pool.most_in_flight == 3
+    # a run of chunks in flight is sized by what the version's allowance has left: never more than the depth,
+    # and never less than what then ran together (FakePool.submit checks)
+    assert max(pool.ahead) == 3 and min(pool.ahead) >= 1
     assert util["fully_async/rollouter/pipeline_depth"] == 3
     assert 1 <= util["fully_async/rollouter/max_chunks_in_flight"] <= 3
     assert max(max(a) for a in seen) <= 2  # staleness stays within the threshold

@@ -65,13 +65,15 @@ class RolloutPool:
     def load_rollout_weights(self, weights: list, version: int) -> None:
         self.wg.load_rollout_weights(weights, version)
 
-    def submit(self, batch_dict: dict) -> InFlight:
+    def submit(self, batch_dict: dict, ahead: int) -> InFlight:
+        """Start the chunk; ``ahead``: the most chunks that will be in flight together (sizes a new session's
+        slots: a chunk's sequences times ``ahead``)."""
         if self.depth == 1:
             return InFlight(batch_dict)
         batch, gen = self.trainer._generation_inputs(batch_dict)
         padded, pad = pad_dataproto_to_divisor(gen, self.trainer._dp_size(self.wg.submit_generation))
         tag = next(self._tags)
-        self.wg.submit_generation(padded, tag, self.depth)
+        self.wg.submit_generation(padded, tag, min(int(ahead), self.depth))
         return InFlight(None, batch, tag, pad, self.wg.rollout_rng_state())
 
     def collect(self, job: InFlight) -> Any:

@@ -49,7 +49,8 @@ class _Job:
 
 
 class Rollouter:
-    """``pool`` is the rollout pool (``submit(batch_dict) -> handle`` at once; ``collect(handle) -> out``, blocking,
+    """``pool`` is the rollout pool (``submit(batch_dict, ahead) -> handle`` at once, ``ahead`` being how many
+    chunks at most will be in flight together with this one when it is the first in flight; ``collect(handle) -> out``, blocking,
     which sets ``handle.rng_state``; ``finish(handle, out) -> (batch, metrics)``, scoring on the controller;
     ``load_rollout_weights``; the handle's ``started`` time); ``prompts`` yields prompt chunks and
     ``loader_state()`` is the prompt loader's resumable state; ``depth``: chunks kept in flight."""
@@ -142,12 +143,13 @@ class Rollouter:
                         self._set_busy(True)
                         job = _Job(None, self.version, None)
                         install = self._pending is not None  # (nothing is in flight: _can_submit)
+                        ahead = self._session_depth(install) if self._on_pool == 0 else None
                         self._jobs.append(job)
                         self._on_pool += 1
                         self._produced += 0 if install else 1
                         self._max_on_pool = max(self._max_on_pool, self._on_pool)
                 if submit:
-                    self._submit(job, install)
+                    self._submit(job, install, ahead)
                 elif collected:  # chunks are collected in order, so the oldest is the next to queue
                     self._queue_oldest()
                 else:
@@ -158,7 +160,17 @@ class Rollouter:
                 self._set_busy(False)
                 self._cond.notify_all()
 
-    def _submit(self, job: _Job, install: bool) -> None:
+    def _session_depth(self, install: bool) -> int:
+        """Under the lock, before the first chunk of a run of chunks in flight: how many can join it at most (the
+        depth, or fewer where the version's allowance has less left; the pool sizes its slots by it). The pool
+        is drained before any other version's chunk starts, so no more can ever be in flight together."""
+        limit = self.schedule.max_per_version
+        if limit is None:
+            return self.depth
+        produced = self._leftover if install else self._produced
+        return max(1, min(self.depth, limit - produced))
+
+    def _submit(self, job: _Job, install: bool, ahead: Optional[int]) -> None:
         if install:
             self._install_pending()
             with self._cond:
@@ -166,7 +178,7 @@ class Rollouter:
                 job.version = self.version
         batch_dict = next(self._prompts)
         job.loader_state = self._loader_state()
-        job.handle = self._pool.submit(batch_dict)
+        job.handle = self._pool.submit(batch_dict, ahead or self.depth)
 
     def _collect(self, job: _Job) -> None:
         out = self._pool.collect(job.handle)  # blocks until the chunk is done
