@@ -161,6 +161,8 @@ def main(argv=None) -> int:
     p.add_argument("--concurrent-samples", type=int, default=0, help="fully_async: prompts in flight per rollout "
                    "replica (async_training.concurrent_samples_per_replica; default: two steps' prompts over the "
                    "rollout replicas, i.e. up to two chunks of a whole step in flight)")
+    p.add_argument("--eos-samples", type=int, default=16, help="responses sampled to fit the EOS row to "
+                   "--mean-response (gpu_scale.refine_eos_on_samples; 0: the random-id probe only)")
     p.add_argument("--staleness", type=float, default=0.5, help="async_training.staleness_threshold (fully_async)")
     p.add_argument("--workdir", default="/tmp/verl_async")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per launch")
@@ -189,7 +191,8 @@ def main(argv=None) -> int:
     work = Path(args.workdir) / args.shape
     model = work / "model"
     if not (model / "scale_info.json").exists():
-        gpu_scale.build_checkpoint(model, args.shape, None, args.device, args.mean_response)
+        gpu_scale.build_checkpoint(model, args.shape, None, args.device, args.mean_response, args.max_response,
+                                   args.eos_samples)
     data = work / "data" / "train.parquet"
     if not data.exists():
         build_data(data, n_rows=args.prompts * (args.steps + 2), filler_chars=args.prompt_chars)

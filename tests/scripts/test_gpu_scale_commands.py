@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,3 +42,27 @@ def test_eos_calibration_sets_the_mean_stop_probability_on_unseen_sequences():
     assert 1 / 40 < after < 1 / 10, after  # ~1/20, within a factor 2 on sequences it was not fitted to
     row = model.lm_head.weight[cfg.eos_token_id]
     assert abs(row[k].item() - alpha) < 1e-5 * alpha and row.count_nonzero().item() == 1
+
+
+def test_eos_refit_on_sampled_responses_hits_the_mean_length():
+    """The probe fits the stop probability on random ids; the refit prices the model's own samples (EOS
+    suppressed), so the capped mean length of real sampled responses lands on the aim."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import transformers as tf
+
+    import gpu_scale
+
+    cfg = gpu_scale._config("tiny_dense", None)
+    torch.manual_seed(0)
+    model = tf.Qwen3_5ForCausalLM(cfg).eval()
+    _, k = gpu_scale.calibrate_eos(model, cfg.eos_token_id, mean_len=30.0, device="cpu")
+    alpha, _ = gpu_scale.refine_eos_on_samples(model, cfg.eos_token_id, k, 30.0, 64, "cpu", samples=64, tokens=64,
+                                               prompt_len=16)
+    assert model.lm_head.weight[cfg.eos_token_id, k].item() == pytest.approx(alpha)
+    prompts = torch.randint(3, cfg.vocab_size, (128, 16), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, temperature=1.0,
+                             top_k=0, top_p=1.0, max_new_tokens=64, eos_token_id=cfg.eos_token_id,
+                             pad_token_id=cfg.pad_token_id)
+    lengths = [r.index(cfg.eos_token_id) + 1 if cfg.eos_token_id in r else 64 for r in out[:, 16:].tolist()]
+    assert 30.0 / 1.25 < sum(lengths) / len(lengths) < 30.0 * 1.25, sum(lengths) / len(lengths)
