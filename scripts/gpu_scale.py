@@ -120,6 +120,7 @@ def refine_eos_on_samples(model, eos_id: int, k: int, mean_len: float, max_len: 
     import torch
 
     vocab = model.config.vocab_size
+    tokens = min(tokens, max_len)  # positions past the cap do not count
     g = torch.Generator(device="cpu").manual_seed(seed)
     prompts = torch.randint(0, vocab, (samples, prompt_len), generator=g).to(device)
     w = model.lm_head.weight
