@@ -366,18 +366,26 @@ class Qwen35Runner(Qwen35SpecForwards):
         if kern is not None:
             return self._decode_fused(cache, b, h, cos, sin, pos, kern)
         step = self.recurrent_step()
+        h = self._layer_stack(
+            h, lambda m, r, i: self._gdn_decode(m, r, cache, i, b, step),
+            lambda m, r, i: self._attn_decode(m, r, cos, sin, cache, i, b, pos))
+        return self.lm_head(self.text.norm(h[:, 0]))
+
+    def _layer_stack(self, h, gdn, attn):
+        """The decoder layers over ``h`` with the step's mixers: ``gdn(module, normed, i)`` for the i-th Gated
+        DeltaNet layer, ``attn(module, normed, i)`` for the i-th attention layer (plain decode and speculative
+        verification differ only there)."""
         n_attn = n_gdn = 0
         for layer, kind in zip(self.layers, self.types):
             r = layer.input_layernorm(h)
             if kind == "linear_attention":
-                mixed = self._gdn_decode(layer.linear_attn, r, cache, n_gdn, b, step)
+                h = h + gdn(layer.linear_attn, r, n_gdn)
                 n_gdn += 1
             else:
-                mixed = self._attn_decode(layer.self_attn, r, cos, sin, cache, n_attn, b, pos)
+                h = h + attn(layer.self_attn, r, n_attn)
                 n_attn += 1
-            h = h + mixed
             h = h + self._mlp(layer, h)
-        return self.lm_head(self.text.norm(h[:, 0]))
+        return h
 
     def _decode_fused(self, cache, b, h, cos, sin, pos, kern):
         """:meth:`decode_logits` with the Triton kernels: each residual add runs fused with the next norm, the

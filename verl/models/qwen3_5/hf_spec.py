@@ -150,17 +150,9 @@ class Qwen35SpecForwards:
         h = self.text.embed_tokens(tokens)
         cos, sin = self._rope_rows(h, cache, b, pos)
         step = self.recurrent_step()
-        n_attn = n_gdn = 0
-        for layer, kind in zip(self.layers, self.types):
-            r = layer.input_layernorm(h)
-            if kind == "linear_attention":
-                mixed = self._gdn_rows(layer.linear_attn, r, cache, n_gdn, b, step)
-                n_gdn += 1
-            else:
-                mixed = self._attn_rows(layer.self_attn, r, cos, sin, cache.kv[n_attn], b, pos)
-                n_attn += 1
-            h = h + mixed
-            h = h + self._mlp(layer, h)
+        h = self._layer_stack(
+            h, lambda m, r, i: self._gdn_rows(m, r, cache, i, b, step),
+            lambda m, r, i: self._attn_rows(m, r, cos, sin, cache.kv[i], b, pos))
         hn = self.text.norm(h)
         return self.lm_head(hn), hn
 
