@@ -258,13 +258,18 @@ def test_lora_adapter_is_applied():
     assert [o[0].token_ids for o in outs] != [o[0].token_ids for o in plain]  # the adapter changed the output
 
 
-@pytest.mark.parametrize("impl, syncs", [("grouped_mm", False), ("batched_mm", False), ("eager", True)])
-def test_moe_runner_syncs_host_only_with_the_expert_loop(impl, syncs):
+@pytest.mark.parametrize("impl, dtype, syncs", [
+    ("grouped_mm", torch.bfloat16, False), ("grouped_mm", torch.float32, True), ("batched_mm", torch.float32, False),
+    ("eager", torch.bfloat16, True)])
+def test_moe_runner_syncs_host_only_with_the_expert_loop(impl, dtype, syncs):
     """CUDA graphs for the MoE decode step hinge on this: transformers' eager experts loop over the experts hit
-    (a host sync per layer); grouped_mm / batched_mm route on the device. A dense model never syncs."""
+    (a host sync per layer); grouped_mm / batched_mm route on the device, but torch's grouped GEMM is fused for
+    bf16 only (other dtypes take ATen's loop over the groups, which reads the offsets on the host: an H100 capture
+    of fp32 experts failed with "Cannot copy between CPU and CUDA tensors during CUDA graph capture"). A dense
+    model never syncs."""
     from verl.models.qwen3_5.hf_runner import Qwen35Runner
 
-    model = build_tiny_qwen3_5(None, kind="moe", seed=0, with_tokenizer=False)
+    model = build_tiny_qwen3_5(None, kind="moe", seed=0, with_tokenizer=False).to(dtype)
     model.set_experts_implementation(impl)
     assert Qwen35Runner(model).syncs_host is syncs
     assert Qwen35Runner(tiny("dense")).syncs_host is False

@@ -104,6 +104,9 @@ def _rule_with_final_state(q, k, v, g, beta, cu, max_len):
 # GEMMs over every expert) with no data-dependent shapes or host syncs, so a decode step can be a CUDA graph.
 # "eager" loops over the experts hit (a host sync per layer); other kernels are not known to be capturable.
 SYNC_FREE_EXPERTS = ("grouped_mm", "batched_mm")
+# torch's fused grouped GEMM takes bf16 only: for another dtype ATen falls back to a loop over the groups that
+# reads the offsets on the host, which fails inside a CUDA graph capture (seen on an H100 with fp32 experts).
+GROUPED_MM_DTYPES = (torch.bfloat16,)
 
 
 def _moe_sync_free(module: torch.nn.Module, layers) -> bool:
@@ -115,6 +118,9 @@ def _moe_sync_free(module: torch.nn.Module, layers) -> bool:
             continue
         impl = getattr(getattr(experts, "config", None), "_experts_implementation", None)
         if impl not in SYNC_FREE_EXPERTS:
+            return False
+        weight = next(experts.parameters(), None)
+        if impl == "grouped_mm" and weight is not None and weight.dtype not in GROUPED_MM_DTYPES:
             return False
     return True
 
