@@ -108,8 +108,10 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
     from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tempfile.mkdtemp()
-    build_tiny_qwen3_5(path, kind=kind, seed=3, with_tokenizer=False,
-                       **({"tie_word_embeddings": False} if kind == "moe" else {}))
+    model = build_tiny_qwen3_5(None, kind=kind, seed=3, with_tokenizer=False,
+                               **({"tie_word_embeddings": False} if kind == "moe" else {}))
+    _realistic_decays(model)
+    model.save_pretrained(path)
     out_file = os.path.join(path, "result.pt")
     ctx = tmp.get_context("spawn")
     port = 29600 + os.getpid() % 300
@@ -124,8 +126,11 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
     seqs, ids, _, cu, _ = mp.packed_batch(LENGTHS, 30, 120, "cpu")
     labels = torch.roll(ids, -1, 1)[0]
     # The log-prob reference runs where the model ran (on CUDA, transformers hands the Gated DeltaNet to fla,
-    # which cannot read CPU tensors); the gradient reference is fp64 with transformers' torch Gated DeltaNet on
-    # the CPU, so neither fla side (mcore's kernels, or transformers' own use of fla) is its own judge.
+    # which cannot read CPU tensors); the gradient reference is the fp64 model on the CPU with transformers'
+    # torch Gated DeltaNet, so neither fla side (mcore's kernels, or transformers' own use of fla) is its own
+    # judge. That torch rule computes in fp32 whatever its input dtype, but it matches an fp64 token-by-token
+    # recurrence to ~3e-6 in every gradient (scripts/gpu_gdn_grad_check.py --device cpu), so it is an fp32-exact
+    # judge, which is what the 5e-2 bound needs.
     ref_lp, ref32 = _hf_reference(path, seqs, labels, cu.tolist(), DEVICE, torch.float32, torch_gdn=DEVICE == "cpu")
     _, ref = _hf_reference(path, seqs, labels, cu.tolist(), "cpu", torch.float64, torch_gdn=True)
     worst_lp = max((a - log_probs[0, lo : hi - 1]).abs().max().item()
@@ -142,6 +147,23 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
     # the fp64 torch reference with the same bound
     bound = 5e-2 if DEVICE == "cuda" else 1e-2
     assert worst[1] <= bound
+
+
+def _realistic_decays(model):
+    """Per-token log-decays g = -exp(A_log) * softplus(a + dt_bias) of a few tenths, as a trained Qwen3.5 has.
+
+    The tiny random model draws A_log ~ log U(1, 16), so g is about -13 per token: every state is forgotten
+    within a token and A_log barely matters. In fp64 on the CPU (dense, seed 3, layer 0) its gradient norm is
+    1.4e-5 against 3.7-6.6 for the layer's projections, so any fp32 kernel's rounding is a large fraction of it:
+    on 2 x H100 (2026-11-26) A_log's relative errors were 5.7e2 (layer 0), 1.4e2 and 1.7, the same on mcore's side
+    and in transformers' own fla path. With these decays (state carried over a few tokens) its norm is 5.3e-2
+    and it is held to the same bound as the rest. Whether fla's d(g) is exact at both decay scales is measured
+    kernel against fp64 recurrence by scripts/gpu_gdn_grad_check.py."""
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "A_log") and hasattr(module, "dt_bias"):
+                module.A_log.copy_(torch.empty(module.A_log.shape).uniform_(0.05, 0.5, generator=gen).log())
 
 
 def _rel(a, b):
