@@ -50,7 +50,7 @@ def test_settings_defaults_and_aliases():
     ({"dynamic_context_parallel": True}, "dynamic_context_parallel"),
     ({"override_mcore_model_config": {"x": 1}}, "override_mcore_model_config"),
     ({"dist_checkpointing_prefix": "model."}, "dist_checkpointing_prefix"),
-    ({"context_parallel_size": 2}, "context_parallel_size"),
+    ({"context_parallel_size": 2, "use_remove_padding": False}, "context_parallel_size"),
     ({"dtype": "float16"}, "dtype"),
     ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
     ({"virtual_pipeline_model_parallel_size": 2}, "virtual_pipeline_model_parallel_size"),
@@ -166,9 +166,19 @@ def test_mbridge_config_is_refused(qwen35_dir):
 
 def test_megatron_engine_settings_are_checked_at_validation(qwen35_dir):
     problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}",
-                                           f"{M}.use_megatron_fsdp=true", f"{M}.context_parallel_size=2"])
+                                           f"{M}.use_megatron_fsdp=true", f"{M}.context_parallel_size=2",
+                                           f"{M}.use_remove_padding=false"])
     assert any(f"{M}.use_megatron_fsdp" in p for p in problems), problems
-    assert any(f"{M}.context_parallel_size" in p for p in problems), problems
+    assert any(f"{M}.context_parallel_size=2 needs packed sequences" in p for p in problems), problems
+
+
+def test_context_parallel_composes_at_validation(qwen35_dir):
+    """CP is built for the Qwen3.5 spec (tp 2 x pp 2 x cp 2 on 16 GPUs); the ref follows the actor's size."""
+    from verl.workers.engine.megatron.validation import megatron_problems
+
+    cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}", f"{M}.context_parallel_size=2"])
+    assert megatron_problems(cfg) == []
+    assert cfg.actor_rollout_ref.ref.megatron.context_parallel_size == 2
 
 
 @pytest.mark.parametrize("override, key, word", [

@@ -118,7 +118,4 @@ def check_parallel_sizes(
         key = "virtual_pipeline_model_parallel_size" if vpp not in (None, 1) else "pipeline_model_parallel_size"
         msgs.append(f"{k(key)}: num_hidden_layers ({text.num_hidden_layers}) must split evenly into "
                     f"pipeline_model_parallel_size * virtual_pipeline_model_parallel_size = {chunks} stages")
-    if cp > 1:
-        msgs.append(f"{k('context_parallel_size')}={cp}: the local Qwen3.5 spec (Gated DeltaNet and gated "
-                    "attention without Transformer Engine) has no context parallelism; set it to 1")
     return msgs

@@ -15,7 +15,7 @@ token, and its outputs are dropped. ``cu_seqlens`` are then the padded boundarie
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -33,14 +33,20 @@ class PackedMicroBatch:
     batch_size: int
     seq_len: int
     num_real: int  # T_real; positions >= num_real are alignment padding (when token_index is None)
-    token_index: Optional[torch.Tensor] = None  # (T_real,) packed positions of the real tokens, when padded per sequence
+    token_index: Optional[torch.Tensor] = None  # (T_real,) packed positions of the real tokens (per-sequence pad)
+    cp_shard: Optional[Any] = None  # the CPShard of this row under context parallelism (set by the engine)
 
     def packed_seq_params(self):
-        """megatron-core's ``PackedSeqParams`` for this micro-batch (imports megatron-core)."""
+        """megatron-core's ``PackedSeqParams`` for this micro-batch (imports megatron-core). Under context
+        parallelism the boundaries stay global (megatron-core's convention); the shard rides along so the
+        layers do not rebuild it."""
         from megatron.core.packed_seq_params import PackedSeqParams
 
-        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
-                               max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen)
+        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
+                                 max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen)
+        if self.cp_shard is not None:
+            params._verl_cp_shard = self.cp_shard
+        return params
 
 
 def next_token_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
