@@ -144,7 +144,7 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
     assert worst[1] <= bound
 
 
-def _cp_worker(rank, path, out_file, port):
+def _cp_worker(rank, path, out_file, port, recompute):
     """Context parallelism 2: each rank runs its two chunks of every (per-sequence padded) sequence; the log-probs
     are gathered into the full row, the loss is the same on both ranks, and each parameter's gradient is the sum
     of the ranks' (what DDP's reduction over data x context ranks gives with the schedule's CP loss factor)."""
@@ -173,6 +173,8 @@ def _cp_worker(rank, path, out_file, port):
         tensor_parallel.model_parallel_cuda_manual_seed(0)
     cfg = AutoConfig.from_pretrained(path)
     extra = {} if DEVICE == "cuda" else dict(moe_token_dispatcher_type="allgather", variable_seq_lengths=False)
+    if recompute:  # activation recompute re-runs the CP collectives of the attention and the GDN core in backward
+        extra.update(recompute_granularity="selective", recompute_modules=["core_attn"])
     tfc = hf_to_mcore_config(cfg, torch.float32, use_cpu_initialization=DEVICE == "cpu", context_parallel_size=cp,
                              **extra)
     model = init_mcore_model(tfc, cfg).to(DEVICE)
@@ -215,8 +217,8 @@ def _cp_worker(rank, path, out_file, port):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_mcore_context_parallel_matches_hf(kind):
+@pytest.mark.parametrize("kind,recompute", [("dense", False), ("dense", True), ("moe", False)])
+def test_mcore_context_parallel_matches_hf(kind, recompute):
     """CP 2 (the local spec's all-gathered KV attention, the Gated DeltaNet's conv halo and relayed state) against
     Hugging Face per sequence: log-probs and gradients, as for tensor parallelism above."""
     if DEVICE == "cpu" and kind == "moe":
@@ -232,7 +234,7 @@ def test_mcore_context_parallel_matches_hf(kind):
     out_file = os.path.join(path, "result.pt")
     ctx = tmp.get_context("spawn")
     port = 29300 + os.getpid() % 300
-    procs = [ctx.Process(target=_cp_worker, args=(r, path, out_file, port)) for r in range(2)]
+    procs = [ctx.Process(target=_cp_worker, args=(r, path, out_file, port, recompute)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -257,7 +259,7 @@ def test_mcore_context_parallel_matches_hf(kind):
     worst = max(rel.items(), key=lambda kv: kv[1])
     total = _rel(torch.cat([grads[n].reshape(-1) for n in ref]), torch.cat([g.reshape(-1) for g in ref.values()]))
     raw = max(((n, _rel(grads[n], g)) for n, g in ref.items()), key=lambda kv: kv[1])
-    print(f"[mcore cp] {kind} cp2: max |dlogp| vs HF {worst_lp:.2e}; gradients vs fp64: whole vector relative L2 "
+    print(f"[mcore cp] {kind} cp2{' recompute core_attn' if recompute else ''}: max |dlogp| vs HF {worst_lp:.2e}; gradients vs fp64: whole vector relative L2 "
           f"{total:.2e}, worst (floored) {worst[0]} {worst[1]:.2e}, worst unfloored {raw[0]} {raw[1]:.2e}")
     assert worst_lp <= 1e-4
     assert total <= 1e-3
