@@ -66,8 +66,10 @@ def estimate_bytes(kw: dict, length: int, cp: int) -> dict:
     kvd = kw["num_key_value_heads"] * kw["head_dim"]
     norms = 2 * h * (2 + 4 + 4)
     mlp = 2 * h + 10 * inter
-    gdn = (2 * h + 2 * (2 * kd + 2 * vd) + 2 * (2 * kd + vd) * 3 + 2 * (2 * kd + vd) + 4 * 64 * kw["linear_num_value_heads"]
-           + 4 * vd * 4 + 2 * vd)
+    # input, projections, conv input/output (x3 with silu), delta-rule inputs, its fp32 chunk matrices, the gated
+    # norm's fp32 operands, the output projection's input
+    gdn = (2 * h + 2 * (2 * kd + 2 * vd) + 2 * (2 * kd + vd) * 3 + 2 * (2 * kd + vd)
+           + 4 * 64 * kw["linear_num_value_heads"] + 4 * vd * 4 + 2 * vd)
     attn = 2 * (2 * qd + 2 * kvd) + 4 * (qd + kvd) * 2 + 2 * (qd + kvd) * 2 + 2 * qd * 4
     per_token = n_gdn * (gdn + mlp + norms) + n_attn * (attn + mlp + norms)
     params = _param_count(kw)
@@ -79,7 +81,8 @@ def estimate_bytes(kw: dict, length: int, cp: int) -> dict:
 
 
 def _param_count(kw: dict) -> int:
-    h, inter, layers, vocab = kw["hidden_size"], kw["intermediate_size"], kw.get("num_hidden_layers", 24), kw["vocab_size"]
+    h, inter, vocab = kw["hidden_size"], kw["intermediate_size"], kw["vocab_size"]
+    layers = kw.get("num_hidden_layers", 24)
     n_attn = layers // 4
     kd = kw["linear_num_key_heads"] * kw["linear_key_head_dim"]
     vd = kw["linear_num_value_heads"] * kw["linear_value_head_dim"]

@@ -93,7 +93,8 @@ def _ref_attention(q, k, v, bounds, scale):
     rep = q.shape[1] // k.shape[1]
     out = []
     for a, b in zip(bounds[:-1], bounds[1:]):
-        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t in (q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)))
+        kr, vr = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t in (q, kr, vr))
         out.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)[0].transpose(0, 1))
     return torch.cat(out)
 
@@ -117,8 +118,6 @@ def _leaf(t):
 
 
 def _check_attention(cp, rank, group):
-    from verl.models.mcore.context_parallel import CPShard
-
     bounds, d = _inputs(cp)
     scale = 8 ** -0.5
     q, k, v = (_leaf(d[n]) for n in "qkv")

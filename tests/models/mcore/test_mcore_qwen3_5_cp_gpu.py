@@ -5,7 +5,8 @@ its ref twin, ``critic.megatron.context_parallel_size``) = 2 against 1, same che
 of several fla chunks, left- and right-padded rows packed into THD micro-batches): the actor's log-probs and entropy
 within 1e-4 in fp32 (dense and MoE), its gradients after megatron-core's DDP reduction over data x context ranks
 within bf16 noise (relative L2 <= 1e-2), and the critic's values within 1e-4. CP=1 runs as one process on GPU 0,
-CP=2 as two processes. Needs megatron-core, fla and 2 GPUs: ``pytest -m gpu tests/models/mcore/test_mcore_qwen3_5_cp_gpu.py``.
+CP=2 as two processes. Needs megatron-core, fla and 2 GPUs:
+``pytest -m gpu tests/models/mcore/test_mcore_qwen3_5_cp_gpu.py``.
 """
 
 from __future__ import annotations

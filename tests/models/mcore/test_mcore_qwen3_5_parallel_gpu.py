@@ -259,7 +259,8 @@ def test_mcore_context_parallel_matches_hf(kind, recompute):
     worst = max(rel.items(), key=lambda kv: kv[1])
     total = _rel(torch.cat([grads[n].reshape(-1) for n in ref]), torch.cat([g.reshape(-1) for g in ref.values()]))
     raw = max(((n, _rel(grads[n], g)) for n, g in ref.items()), key=lambda kv: kv[1])
-    print(f"[mcore cp] {kind} cp2{' recompute core_attn' if recompute else ''}: max |dlogp| vs HF {worst_lp:.2e}; gradients vs fp64: whole vector relative L2 "
+    tag = " recompute core_attn" if recompute else ""
+    print(f"[mcore cp] {kind} cp2{tag}: max |dlogp| vs HF {worst_lp:.2e}; gradients vs fp64: whole vector relative L2 "
           f"{total:.2e}, worst (floored) {worst[0]} {worst[1]:.2e}, worst unfloored {raw[0]} {raw[1]:.2e}")
     assert worst_lp <= 1e-4
     assert total <= 1e-3

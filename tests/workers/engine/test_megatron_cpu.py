@@ -236,6 +236,7 @@ def _script_overrides(path: str, env: dict) -> list[str]:
 @pytest.mark.parametrize("script, shape", [
     ("examples/grpo_trainer/run_qwen3_5-35b-megatron.sh", "35b_a3b"),
     ("examples/grpo_trainer/run_qwen3_5-9b-megatron.sh", "9b"),
+    ("examples/grpo_trainer/run_qwen3_5-0.8b-megatron-cp.sh", "0p8b"),
 ])
 def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
     """The scripts' overrides compose and pass validation, parallel sizes included, against a config.json of
@@ -253,6 +254,9 @@ def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
         "9b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4,
                    head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                    linear_value_head_dim=128, intermediate_size=12288, vocab_size=248320),
+        "0p8b": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
+                     head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                     linear_value_head_dim=128, intermediate_size=3584, vocab_size=248320),
     }
     kw = tiny_text_config_kwargs(**shapes[shape])
     if shape == "35b_a3b":
@@ -268,6 +272,9 @@ def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
     loaded = _load(args[2:] if args[:1] == ["--config-name"] else args)
     assert loaded.actor_rollout_ref.actor.strategy == "megatron"
     assert loaded.actor_rollout_ref.actor.megatron.use_remove_padding is True
+    if shape == "0p8b":  # the context-parallel example: the reference follows the actor's CP size
+        assert loaded.actor_rollout_ref.actor.megatron.context_parallel_size == 2
+        assert loaded.actor_rollout_ref.ref.megatron.context_parallel_size == 2
 
 
 def test_data_parallel_size_of_megatron_roles(qwen35_dir):
