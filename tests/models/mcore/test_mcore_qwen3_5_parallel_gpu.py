@@ -144,7 +144,7 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
     assert worst[1] <= bound
 
 
-def _cp_worker(rank, path, out_file, port, recompute):
+def _cp_worker(rank, path, out_file, port, recompute, tp):
     """Context parallelism 2: each rank runs its two chunks of every (per-sequence padded) sequence; the log-probs
     are gathered into the full row, the loss is the same on both ranks, and each parameter's gradient is the sum
     of the ranks' (what DDP's reduction over data x context ranks gives with the schedule's CP loss factor)."""
@@ -155,7 +155,8 @@ def _cp_worker(rank, path, out_file, port, recompute):
     else:
         torch.cuda.set_device(rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", rank=rank, world_size=2)
+    cp = 2
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", rank=rank, world_size=cp * tp)
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
     from megatron.core.packed_seq_params import PackedSeqParams
@@ -164,11 +165,11 @@ def _cp_worker(rank, path, out_file, port, recompute):
     from verl.models.mcore.context_parallel import CPShard, cp_pad_length, gather_to_full
     from verl.models.mcore.registry import get_mcore_forward_fn, hf_to_mcore_config, init_mcore_model
     from verl.models.qwen3_5.mcore.weight_converter import (
-        ParallelLayout, global_mcore_name, load_mcore_state, mcore_state_for_rank, safetensors_getter, to_hf_stream,
+        ParallelLayout, global_mcore_name, load_mcore_state, mcore_state_for_rank, partition_dim, safetensors_getter,
+        to_hf_stream,
     )
 
-    cp = 2
-    ps.initialize_model_parallel(context_parallel_size=cp)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
     if DEVICE == "cuda":
         tensor_parallel.model_parallel_cuda_manual_seed(0)
     cfg = AutoConfig.from_pretrained(path)
@@ -176,9 +177,11 @@ def _cp_worker(rank, path, out_file, port, recompute):
     if recompute:  # activation recompute re-runs the CP collectives of the attention and the GDN core in backward
         extra.update(recompute_granularity="selective", recompute_modules=["core_attn"])
     tfc = hf_to_mcore_config(cfg, torch.float32, use_cpu_initialization=DEVICE == "cpu", context_parallel_size=cp,
-                             **extra)
+                             tensor_model_parallel_size=tp, **extra)
     model = init_mcore_model(tfc, cfg).to(DEVICE)
-    load_mcore_state(model, mcore_state_for_rank(safetensors_getter(path), cfg, ParallelLayout()))
+    layout = ParallelLayout(tp=tp)
+    load_mcore_state(model, mcore_state_for_rank(safetensors_getter(path), cfg, layout,
+                                                 tp_rank=ps.get_tensor_model_parallel_rank()))
     import mcore_parity as mp
 
     seqs, ids, _, cu, _ = mp.packed_batch(LENGTHS, 30, 120, "cpu")
@@ -206,35 +209,51 @@ def _cp_worker(rank, path, out_file, port, recompute):
     w = keep.to(DEVICE, lp.dtype)
     (-(lp * w).sum() + 0.1 * (ent * w).sum()).backward()
     grads = []
+    tpg = ps.get_tensor_model_parallel_group()
     for name, p in model.named_parameters():
         g = p.grad.detach().clone()
         dist.all_reduce(g, group=group)
-        grads.append((global_mcore_name(name, cfg, ParallelLayout()), g.cpu()))
+        dim = partition_dim(name, cfg)
+        if tp > 1 and dim is None and ("q_layernorm" in name or "k_layernorm" in name):
+            dist.all_reduce(g, group=tpg)  # replicated over tensor ranks that see different heads
+        if tp > 1 and dim is not None:
+            parts = [torch.empty_like(g) for _ in range(tp)]
+            dist.all_gather(parts, g.contiguous(), group=tpg)
+            g = torch.cat(parts, dim)
+        grads.append((global_mcore_name(name, cfg, layout), g.cpu()))
     if rank == 0:
-        hf = dict(to_hf_stream(grads, cfg, expert_format="fused"))
+        hf = dict(to_hf_stream(grads, cfg, tp_size=tp, expert_format="fused"))
         torch.save((lp.detach().cpu()[real][None], hf), out_file)
     dist.barrier()
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("kind,recompute", [("dense", False), ("dense", True), ("moe", False)])
-def test_mcore_context_parallel_matches_hf(kind, recompute):
-    """CP 2 (the local spec's all-gathered KV attention, the Gated DeltaNet's conv halo and relayed state) against
-    Hugging Face per sequence: log-probs and gradients, as for tensor parallelism above."""
+CP_CASES = [("dense", False, 1), ("dense", True, 1), ("moe", False, 1), ("dense", False, 2)]
+
+
+@pytest.mark.parametrize("kind,recompute,tp", CP_CASES,
+                         ids=[f"{k}-cp2-tp{t}{'-recompute' if r else ''}" for k, r, t in CP_CASES])
+def test_mcore_context_parallel_matches_hf(kind, recompute, tp):
+    """CP 2 (the local spec's all-gathered KV attention, the Gated DeltaNet's conv halo and relayed state), alone or
+    with TP 2 (4 ranks), against Hugging Face per sequence: log-probs and gradients, as for TP above."""
     if DEVICE == "cpu" and kind == "moe":
         pytest.skip("megatron-core's MoE layer needs CUDA")
+    if DEVICE == "cuda" and torch.cuda.device_count() < 2 * tp:
+        pytest.skip(f"needs {2 * tp} GPUs")
     import torch.multiprocessing as tmp
 
     import mcore_parity as mp
     from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tempfile.mkdtemp()
-    build_tiny_qwen3_5(path, kind=kind, seed=3, with_tokenizer=False,
-                       **({"tie_word_embeddings": False} if kind == "moe" else {}))
+    extra = {"tie_word_embeddings": False} if kind == "moe" else {}
+    if tp > 1:  # megatron-core's config rule for Gated DeltaNet: key and value heads divisible by TP x CP
+        extra.update(linear_num_key_heads=4, linear_num_value_heads=8)
+    build_tiny_qwen3_5(path, kind=kind, seed=3, with_tokenizer=False, **extra)
     out_file = os.path.join(path, "result.pt")
     ctx = tmp.get_context("spawn")
     port = 29300 + os.getpid() % 300
-    procs = [ctx.Process(target=_cp_worker, args=(r, path, out_file, port, recompute)) for r in range(2)]
+    procs = [ctx.Process(target=_cp_worker, args=(r, path, out_file, port, recompute, tp)) for r in range(2 * tp)]
     for p in procs:
         p.start()
     for p in procs:
@@ -259,7 +278,7 @@ def test_mcore_context_parallel_matches_hf(kind, recompute):
     worst = max(rel.items(), key=lambda kv: kv[1])
     total = _rel(torch.cat([grads[n].reshape(-1) for n in ref]), torch.cat([g.reshape(-1) for g in ref.values()]))
     raw = max(((n, _rel(grads[n], g)) for n, g in ref.items()), key=lambda kv: kv[1])
-    tag = " recompute core_attn" if recompute else ""
+    tag = f" tp{tp}" + (" recompute core_attn" if recompute else "")
     print(f"[mcore cp] {kind} cp2{tag}: max |dlogp| vs HF {worst_lp:.2e}; gradients vs fp64: whole vector relative L2 "
           f"{total:.2e}, worst (floored) {worst[0]} {worst[1]:.2e}, worst unfloored {raw[0]} {raw[1]:.2e}")
     assert worst_lp <= 1e-4
