@@ -173,12 +173,16 @@ def test_megatron_engine_settings_are_checked_at_validation(qwen35_dir):
 
 
 def test_context_parallel_composes_at_validation(qwen35_dir):
-    """CP is built for the Qwen3.5 spec (tp 2 x pp 2 x cp 2 on 16 GPUs); the ref follows the actor's size."""
+    """CP is built for the Qwen3.5 spec (pp 2 x cp 2 on 16 GPUs); the ref follows the actor's size. TP x CP must
+    divide the Gated DeltaNet heads (2 key heads on the tiny config): TP 2 x CP 2 is refused naming the key."""
     from verl.workers.engine.megatron.validation import megatron_problems
 
-    cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}", f"{M}.context_parallel_size=2"])
+    cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}", f"{M}.context_parallel_size=2",
+                                  f"{M}.tensor_model_parallel_size=1"])
     assert megatron_problems(cfg) == []
     assert cfg.actor_rollout_ref.ref.megatron.context_parallel_size == 2
+    problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}", f"{M}.context_parallel_size=2"])
+    assert any(f"{M}.context_parallel_size=2" in p and "linear_num_key_heads (2)" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("override, key, word", [
