@@ -11,6 +11,11 @@
 #                                          weight sync, checkpoint at step 2, resume, step 3)
 #   4. (c) scripts/gpu_megatron.py parity  first-step pg_loss / grad_norm, Megatron vs FSDP2, same weights + batch
 #   5. (d) benchmarks/bench_actor_throughput.py --impls packed_triton,megatron   (2B-shaped GRPO mix)
+#   On 2 GPUs, not in the default PARTS (context parallelism, docs/advance/megatron.md):
+#   6. cp      pytest -m gpu: the engine at context_parallel_size=2 vs 1 (log-probs, entropy, gradients, critic
+#              values) and the mcore model at CP=2 vs HF
+#   7. cplong  scripts/gpu_megatron_cp.py: a 32k-token train step at CP=1 (expected OOM) and CP=2
+#      PARTS="versions cp cplong" bash scripts/gpu_megatron.sh
 #
 # Assumes the wheels of /work/main/.whl are importable, e.g. PYTHONPATH=/tmp/site on the lent machine:
 #   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_megatron.sh
@@ -48,6 +53,10 @@ print('torch', torch.__version__, 'transformers', transformers.__version__, 'meg
                     tests/workers/engine/test_megatron_engine_gpu.py tests/workers/engine/test_megatron_qwen35_gpu.py ;;
         grpo) run_part grpo "${T_GRPO:-330}" "$PY" scripts/gpu_megatron.py grpo ;;
         parity) run_part parity "${T_PARITY:-300}" "$PY" scripts/gpu_megatron.py parity ;;
+        cp) run_part cp "${T_CP:-300}" "$PY" -m pytest -q -s -m gpu -p no:cacheprovider -W ignore \
+                    tests/models/mcore/test_mcore_qwen3_5_cp_gpu.py \
+                    "tests/models/mcore/test_mcore_qwen3_5_parallel_gpu.py::test_mcore_context_parallel_matches_hf" ;;
+        cplong) run_part cplong "${T_CPLONG:-540}" "$PY" scripts/gpu_megatron_cp.py ;;
         bench) run_part bench "${T_BENCH:-400}" "$PY" benchmarks/bench_actor_throughput.py \
                     --impls packed_triton,megatron --warmup 1 --repeat 3 ;;
         *) echo "unknown part $part" ;;

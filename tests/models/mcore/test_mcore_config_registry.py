@@ -69,8 +69,9 @@ def test_mcore_parallel_size_messages(configs):
     assert "needs a MoE model" in m
     (m,) = check_parallel_sizes(moe, tp=2, ep=2, sequence_parallel=False)
     assert "sequence_parallel" in m
-    (m,) = check_parallel_sizes(dense, cp=2)
-    assert "context_parallel_size=2" in m
+    assert check_parallel_sizes(dense, cp=2) == []  # CP is built
+    (m,) = check_parallel_sizes(dense, tp=2, cp=2)  # megatron-core's GDN config rule: heads divisible by TP x CP
+    assert "context_parallel_size=2" in m and "linear_num_key_heads (2)" in m
     (m,) = check_parallel_sizes(moe, etp=3)
     assert "expert_tensor_parallel_size=3 does not divide moe_intermediate_size (32)" in m
     (m,) = check_parallel_sizes(dense, tp=2, key_prefix="critic.megatron", pp=3)

@@ -1,4 +1,4 @@
-"""Tensor / sequence / expert parallelism of the megatron-core Qwen3.5 model against Hugging Face, on 2 GPUs.
+"""Tensor / sequence / expert / context parallelism of the megatron-core Qwen3.5 model against Hugging Face, on 2 GPUs.
 
 Each rank loads its shard through the weight converter; one packed forward + backward of the fused log-prob
 (and entropy) loss must give HF's log-probs, and the gradients, after megatron-core's own TP reduction of
@@ -164,6 +164,148 @@ def _realistic_decays(model):
         for module in model.modules():
             if hasattr(module, "A_log") and hasattr(module, "dt_bias"):
                 module.A_log.copy_(torch.empty(module.A_log.shape).uniform_(0.05, 0.5, generator=gen).log())
+
+
+def _cp_worker(rank, path, out_file, port, recompute, tp):
+    """Context parallelism 2: each rank runs its two chunks of every (per-sequence padded) sequence; the log-probs
+    are gathered into the full row, the loss is the same on both ranks, and each parameter's gradient is the sum
+    of the ranks' (what DDP's reduction over data x context ranks gives with the schedule's CP loss factor)."""
+    import torch.distributed as dist
+
+    if DEVICE == "cpu":
+        torch.set_num_threads(1)
+    else:
+        torch.cuda.set_device(rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cp = 2
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", rank=rank, world_size=cp * tp)
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from transformers import AutoConfig
+
+    from verl.models.mcore.context_parallel import CPShard, cp_pad_length, gather_to_full
+    from verl.models.mcore.registry import get_mcore_forward_fn, hf_to_mcore_config, init_mcore_model
+    from verl.models.qwen3_5.mcore.weight_converter import (
+        ParallelLayout, global_mcore_name, load_mcore_state, mcore_state_for_rank, partition_dim, safetensors_getter,
+        to_hf_stream,
+    )
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
+    if DEVICE == "cuda":
+        tensor_parallel.model_parallel_cuda_manual_seed(0)
+    cfg = AutoConfig.from_pretrained(path)
+    extra = {} if DEVICE == "cuda" else dict(moe_token_dispatcher_type="allgather", variable_seq_lengths=False)
+    if recompute:  # activation recompute re-runs the CP collectives of the attention and the GDN core in backward
+        extra.update(recompute_granularity="selective", recompute_modules=["core_attn"])
+    tfc = hf_to_mcore_config(cfg, torch.float32, use_cpu_initialization=DEVICE == "cpu", context_parallel_size=cp,
+                             tensor_model_parallel_size=tp, **extra)
+    model = init_mcore_model(tfc, cfg).to(DEVICE)
+    layout = ParallelLayout(tp=tp)
+    load_mcore_state(model, mcore_state_for_rank(safetensors_getter(path), cfg, layout,
+                                                 tp_rank=ps.get_tensor_model_parallel_rank()))
+    import mcore_parity as mp
+
+    seqs, ids, _, cu, _ = mp.packed_batch(LENGTHS, 30, 120, "cpu")
+    labels = torch.roll(ids, -1, 1)[0]  # the unpadded row's labels (the HF reference's)
+    # per-sequence CP padding: real tokens first, padding after them (position ids continue, labels 0, no loss)
+    bounds, real = [0], []
+    for a, b in zip(cu.tolist()[:-1], cu.tolist()[1:]):
+        real.extend(range(bounds[-1], bounds[-1] + b - a))
+        bounds.append(bounds[-1] + cp_pad_length(b - a, cp))
+    real = torch.tensor(real)
+    total = bounds[-1]
+    ids_p, lab_p, keep = (torch.zeros(total, dtype=torch.long) for _ in range(3))
+    ids_p[real], lab_p[real], keep[real] = ids[0], labels, 1
+    pos_p = torch.cat([torch.arange(b - a) for a, b in zip(bounds[:-1], bounds[1:])])
+    cu_p = torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
+    shard = CPShard.build(cu_p, cp, ps.get_context_parallel_rank())
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_p, cu_seqlens_kv=cu_p, max_seqlen_q=max(bounds),
+                             max_seqlen_kv=max(bounds))
+    local = lambda t: shard.shard(t[None].to(DEVICE))  # noqa: E731
+    out = get_mcore_forward_fn(cfg)(model, local(ids_p), local(pos_p), packed_seq_params=params,
+                                    labels=local(lab_p), calculate_entropy=True)
+    group = ps.get_context_parallel_group()
+    lp = gather_to_full(out["log_probs"], shard, group)[0]
+    ent = gather_to_full(out["entropy"], shard, group)[0]
+    w = keep.to(DEVICE, lp.dtype)
+    (-(lp * w).sum() + 0.1 * (ent * w).sum()).backward()
+    grads = []
+    tpg = ps.get_tensor_model_parallel_group()
+    for name, p in model.named_parameters():
+        g = p.grad.detach().clone()
+        dist.all_reduce(g, group=group)
+        dim = partition_dim(name, cfg)
+        if tp > 1 and dim is None and ("q_layernorm" in name or "k_layernorm" in name):
+            dist.all_reduce(g, group=tpg)  # replicated over tensor ranks that see different heads
+        if tp > 1 and dim is not None:
+            parts = [torch.empty_like(g) for _ in range(tp)]
+            dist.all_gather(parts, g.contiguous(), group=tpg)
+            g = torch.cat(parts, dim)
+        grads.append((global_mcore_name(name, cfg, layout), g.cpu()))
+    if rank == 0:
+        hf = dict(to_hf_stream(grads, cfg, tp_size=tp, expert_format="fused"))
+        torch.save((lp.detach().cpu()[real][None], hf), out_file)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+CP_CASES = [("dense", False, 1), ("dense", True, 1), ("moe", False, 1), ("dense", False, 2)]
+
+
+@pytest.mark.parametrize("kind,recompute,tp", CP_CASES,
+                         ids=[f"{k}-cp2-tp{t}{'-recompute' if r else ''}" for k, r, t in CP_CASES])
+def test_mcore_context_parallel_matches_hf(kind, recompute, tp):
+    """CP 2 (the local spec's all-gathered KV attention, the Gated DeltaNet's conv halo and relayed state), alone or
+    with TP 2 (4 ranks), against Hugging Face per sequence: log-probs and gradients, as for TP above."""
+    if DEVICE == "cpu" and kind == "moe":
+        pytest.skip("megatron-core's MoE layer needs CUDA")
+    if DEVICE == "cuda" and torch.cuda.device_count() < 2 * tp:
+        pytest.skip(f"needs {2 * tp} GPUs")
+    import torch.multiprocessing as tmp
+
+    import mcore_parity as mp
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+
+    path = tempfile.mkdtemp()
+    extra = {"tie_word_embeddings": False} if kind == "moe" else {}
+    if tp > 1:  # megatron-core's config rule for Gated DeltaNet: key and value heads divisible by TP x CP
+        extra.update(linear_num_key_heads=4, linear_num_value_heads=8)
+    build_tiny_qwen3_5(path, kind=kind, seed=3, with_tokenizer=False, **extra)
+    out_file = os.path.join(path, "result.pt")
+    ctx = tmp.get_context("spawn")
+    port = 29300 + os.getpid() % 300
+    procs = [ctx.Process(target=_cp_worker, args=(r, path, out_file, port, recompute, tp)) for r in range(2 * tp)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    log_probs, grads = torch.load(out_file)
+    seqs, ids, _, cu, _ = mp.packed_batch(LENGTHS, 30, 120, "cpu")
+    labels = torch.roll(ids, -1, 1)[0]
+    ref_lp, _ = _hf_reference(path, seqs, labels, cu.tolist(), DEVICE, torch.float32, torch_gdn=DEVICE == "cpu")
+    _, ref = _hf_reference(path, seqs, labels, cu.tolist(), "cpu", torch.float64, torch_gdn=True)
+    worst_lp = max((a - log_probs[0, lo: hi - 1]).abs().max().item()
+                   for a, (lo, hi) in zip(ref_lp, zip(cu.tolist()[:-1], cu.tolist()[1:])))
+    assert set(grads) == set(ref)
+    # The random checkpoint's Gated DeltaNet decays are strong (g ~ -10 per token), so the A_log / dt_bias /
+    # in_proj_a gradients nearly vanish (~1e-7) and are sums of cancelling terms: their relative error is
+    # rounding (CP runs the delta rule in shorter chunks, so it rounds differently; per-token d(log-decay) were
+    # checked equal to 1e-9). Every gradient is held to the bound relative to the larger of its own norm and
+    # 1e-2 of the typical parameter's; the whole gradient vector, to 1e-3.
+    scale = 1e-2 * torch.stack([g.double().norm() for g in ref.values()]).median()
+    rel = {n: ((grads[n].double() - g.double()).norm() / torch.maximum(g.double().norm(), scale)).item()
+           for n, g in ref.items()}
+    worst = max(rel.items(), key=lambda kv: kv[1])
+    total = _rel(torch.cat([grads[n].reshape(-1) for n in ref]), torch.cat([g.reshape(-1) for g in ref.values()]))
+    raw = max(((n, _rel(grads[n], g)) for n, g in ref.items()), key=lambda kv: kv[1])
+    tag = f" tp{tp}" + (" recompute core_attn" if recompute else "")
+    print(f"[mcore cp] {kind} cp2{tag}: max |dlogp| vs HF {worst_lp:.2e}; gradients vs fp64: whole vector relative L2 "
+          f"{total:.2e}, worst (floored) {worst[0]} {worst[1]:.2e}, worst unfloored {raw[0]} {raw[1]:.2e}")
+    assert worst_lp <= 1e-4
+    assert total <= 1e-3
+    assert worst[1] <= (5e-2 if DEVICE == "cuda" else 1e-2)
 
 
 def _rel(a, b):

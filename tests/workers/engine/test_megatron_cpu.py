@@ -50,7 +50,7 @@ def test_settings_defaults_and_aliases():
     ({"dynamic_context_parallel": True}, "dynamic_context_parallel"),
     ({"override_mcore_model_config": {"x": 1}}, "override_mcore_model_config"),
     ({"dist_checkpointing_prefix": "model."}, "dist_checkpointing_prefix"),
-    ({"context_parallel_size": 2}, "context_parallel_size"),
+    ({"context_parallel_size": 2, "use_remove_padding": False}, "context_parallel_size"),
     ({"dtype": "float16"}, "dtype"),
     ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
     ({"virtual_pipeline_model_parallel_size": 2}, "virtual_pipeline_model_parallel_size"),
@@ -166,9 +166,23 @@ def test_mbridge_config_is_refused(qwen35_dir):
 
 def test_megatron_engine_settings_are_checked_at_validation(qwen35_dir):
     problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}",
-                                           f"{M}.use_megatron_fsdp=true", f"{M}.context_parallel_size=2"])
+                                           f"{M}.use_megatron_fsdp=true", f"{M}.context_parallel_size=2",
+                                           f"{M}.use_remove_padding=false"])
     assert any(f"{M}.use_megatron_fsdp" in p for p in problems), problems
-    assert any(f"{M}.context_parallel_size" in p for p in problems), problems
+    assert any(f"{M}.context_parallel_size=2 needs packed sequences" in p for p in problems), problems
+
+
+def test_context_parallel_composes_at_validation(qwen35_dir):
+    """CP is built for the Qwen3.5 spec (pp 2 x cp 2 on 16 GPUs); the ref follows the actor's size. TP x CP must
+    divide the Gated DeltaNet heads (2 key heads on the tiny config): TP 2 x CP 2 is refused naming the key."""
+    from verl.workers.engine.megatron.validation import megatron_problems
+
+    cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}", f"{M}.context_parallel_size=2",
+                                  f"{M}.tensor_model_parallel_size=1"])
+    assert megatron_problems(cfg) == []
+    assert cfg.actor_rollout_ref.ref.megatron.context_parallel_size == 2
+    problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}", f"{M}.context_parallel_size=2"])
+    assert any(f"{M}.context_parallel_size=2" in p and "linear_num_key_heads (2)" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("override, key, word", [
@@ -226,6 +240,7 @@ def _script_overrides(path: str, env: dict) -> list[str]:
 @pytest.mark.parametrize("script, shape", [
     ("examples/grpo_trainer/run_qwen3_5-35b-megatron.sh", "35b_a3b"),
     ("examples/grpo_trainer/run_qwen3_5-9b-megatron.sh", "9b"),
+    ("examples/grpo_trainer/run_qwen3_5-0.8b-megatron-cp.sh", "0p8b"),
 ])
 def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
     """The scripts' overrides compose and pass validation, parallel sizes included, against a config.json of
@@ -243,6 +258,9 @@ def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
         "9b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4,
                    head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                    linear_value_head_dim=128, intermediate_size=12288, vocab_size=248320),
+        "0p8b": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
+                     head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                     linear_value_head_dim=128, intermediate_size=3584, vocab_size=248320),
     }
     kw = tiny_text_config_kwargs(**shapes[shape])
     if shape == "35b_a3b":
@@ -258,6 +276,9 @@ def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
     loaded = _load(args[2:] if args[:1] == ["--config-name"] else args)
     assert loaded.actor_rollout_ref.actor.strategy == "megatron"
     assert loaded.actor_rollout_ref.actor.megatron.use_remove_padding is True
+    if shape == "0p8b":  # the context-parallel example: the reference follows the actor's CP size
+        assert loaded.actor_rollout_ref.actor.megatron.context_parallel_size == 2
+        assert loaded.actor_rollout_ref.ref.megatron.context_parallel_size == 2
 
 
 def test_data_parallel_size_of_megatron_roles(qwen35_dir):

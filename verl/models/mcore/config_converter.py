@@ -111,6 +111,15 @@ def check_parallel_sizes(
                         "model with tensor parallelism; set it to True")
     elif ep > 1:
         msgs.append(f"{k('expert_model_parallel_size')}={ep} needs a MoE model; this checkpoint is dense")
+    if getattr(text, "linear_num_key_heads", None) and cp > 1:
+        # megatron-core's TransformerConfig requires it of every Gated DeltaNet config (its own GDN splits heads
+        # over TP x CP); this project's CP keeps the heads whole, but the config is built by megatron-core
+        for heads, what in ((text.linear_num_key_heads, "linear_num_key_heads"),
+                            (text.linear_num_value_heads, "linear_num_value_heads")):
+            if heads % (tp * cp):
+                msgs.append(f"{k('context_parallel_size')}={cp}: tensor_model_parallel_size * context_parallel_size "
+                            f"({tp * cp}) does not divide {what} ({heads}) (megatron-core's rule for Gated DeltaNet "
+                            "configs); pick sizes whose product divides it")
     chunks = pp * (vpp or 1)
     if vpp not in (None, 1) and pp < 2:
         msgs.append(f"{k('virtual_pipeline_model_parallel_size')}={vpp} needs pipeline_model_parallel_size > 1")
@@ -118,7 +127,4 @@ def check_parallel_sizes(
         key = "virtual_pipeline_model_parallel_size" if vpp not in (None, 1) else "pipeline_model_parallel_size"
         msgs.append(f"{k(key)}: num_hidden_layers ({text.num_hidden_layers}) must split evenly into "
                     f"pipeline_model_parallel_size * virtual_pipeline_model_parallel_size = {chunks} stages")
-    if cp > 1:
-        msgs.append(f"{k('context_parallel_size')}={cp}: the local Qwen3.5 spec (Gated DeltaNet and gated "
-                    "attention without Transformer Engine) has no context parallelism; set it to 1")
     return msgs

@@ -208,36 +208,44 @@ def gated_delta_rule(
     max_seqlen: Optional[int] = None,
     use_qk_l2norm: bool = True,
     chunk_size: int = 64,
-) -> torch.Tensor:
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+):
     """Gated delta rule over (B, T, H, D) inputs; with ``cu_seqlens`` (B must be 1) every sequence starts
-    from a zero state. q/k must already have as many heads as v."""
+    from ``initial_state`` (one [H, K, V] state per sequence, or per row without ``cu_seqlens``; zeros when
+    None). q/k must already have as many heads as v. Returns the output, or (output, final fp32 states) with
+    ``output_final_state`` (context parallelism carries a sequence's state from one chunk to the next)."""
     if use_fla(q.device):
         rule = _fla_functions()[1]
-        out, _ = rule(
+        out, final = rule(
             q,
             k,
             v,
             g=g,
             beta=beta,
-            initial_state=None,
-            output_final_state=False,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
             cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
             use_qk_l2norm_in_kernel=use_qk_l2norm,
         )
-        return out
+        return (out, final) if output_final_state else out
     if use_qk_l2norm:
         q, k = l2_normalize(q.float()), l2_normalize(k.float())
     if cu_seqlens is None:
-        return chunked_gated_delta_rule(q, k, v, g, beta, chunk_size=chunk_size)[0]
+        out, final = chunked_gated_delta_rule(q, k, v, g, beta, chunk_size=chunk_size, initial_state=initial_state)
+        return (out, final) if output_final_state else out
     if q.shape[0] != 1:
         raise ValueError("packed gated delta rule expects a single row")
     if max_seqlen is None:
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     # Lay the sequences out as right-padded rows: padded slots follow every real token, so they cannot
-    # influence it, and each row starts from a zero state.
+    # influence it, and each row starts from its own state. The padding (zero k, v, beta and log-decay 0) leaves
+    # the state unchanged, so a row's final state is its sequence's.
     rows, index = zip(*(packed_to_batch(z[0], cu_seqlens, max_seqlen) for z in (q, k, v, g, beta)))
-    out = chunked_gated_delta_rule(*rows, chunk_size=min(chunk_size, max(16, max_seqlen)))[0]
-    return batch_to_packed(out, index[0]).unsqueeze(0).to(v.dtype)
+    out, final = chunked_gated_delta_rule(*rows, chunk_size=min(chunk_size, max(16, max_seqlen)),
+                                          initial_state=initial_state)
+    out = batch_to_packed(out, index[0]).unsqueeze(0).to(v.dtype)
+    return (out, final) if output_final_state else out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ tensor rank, the rank's query heads as HF lays them out (``[q_h; gate_h]`` per h
 
 Packed THD batches never attend across sequences. Without Transformer Engine / flash-attn varlen kernels this
 runs torch SDPA once per packed sequence (a Python loop: launch overhead grows with the number of sequences in a
-micro-batch; one warning on CUDA says so).
+micro-batch; one warning on CUDA says so). Under context parallelism the rank holds two chunks of every sequence;
+keys and values are all-gathered over the CP group and each chunk attends causally to its sequence's prefix
+(:func:`verl.models.mcore.context_parallel.cp_causal_attention`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
+from verl.models.mcore.context_parallel import cp_causal_attention
 from verl.models.qwen3_5.mcore.common import (
     ZeroCenteredRMSNorm,
     apply_partial_rope,
+    cp_group_of,
+    cp_shard_of,
     maybe_checkpoint,
     packed_cu_seqlens,
     recomputes,
@@ -60,6 +65,7 @@ class Qwen35GatedAttention(MegatronModule):
         super().__init__(config=config)
         self.layer_number = layer_number
         self.tp_group = tp_group_of(self, pg_collection)
+        self.cp_group = cp_group_of(pg_collection)
         tp = self.tp_group.size() if self.tp_group is not None else 1
         c = config
         self.d = c.kv_channels
@@ -102,10 +108,21 @@ class Qwen35GatedAttention(MegatronModule):
         cu = packed_cu_seqlens(packed_seq_params)
         if cu is not None and b_ != 1:
             raise ValueError(f"packed (THD) input must be one row, got batch {b_}")
-        out = maybe_checkpoint(self.recompute_core, self._core, q, k, v, cu, attention_mask)
+        if self.cp_group is not None:
+            # The shard is resolved outside the checkpointed function (it reads the host-side boundaries once).
+            shard = cp_shard_of(packed_seq_params, self.cp_group)
+            out = maybe_checkpoint(self.recompute_core, self._core_cp, q, k, v, shard)
+        else:
+            out = maybe_checkpoint(self.recompute_core, self._core, q, k, v, cu, attention_mask)
         out = out * torch.sigmoid(gate)
         out, bias = self.linear_proj(out.reshape(s_, b_, -1))
         return out, bias
+
+    def _core_cp(self, q, k, v, shard):
+        """This CP rank's queries [S_local, 1, Hq, D] against its sequences' all-gathered keys/values."""
+        if q.is_cuda:
+            _warn_slow_path()
+        return cp_causal_attention(q[:, 0], k[:, 0], v[:, 0], shard, self.cp_group, self.d ** -0.5).unsqueeze(1)
 
     def _core(self, q, k, v, cu, attention_mask):
         """q [S, B, Hq, D], k/v [S, B, Hkv, D] -> [S, B, Hq, D] causal attention (per sequence when packed)."""

@@ -65,6 +65,32 @@ def tp_group_of(module: MegatronModule, pg_collection=None):
     return parallel_state.get_tensor_model_parallel_group()
 
 
+def cp_group_of(pg_collection=None):
+    """The context-parallel group (None when context parallelism is off)."""
+    group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
+    if group is None:
+        group = parallel_state.get_context_parallel_group(check_initialized=False)
+    if group is None or torch.distributed.get_world_size(group) == 1:
+        return None
+    return group
+
+
+def cp_shard_of(packed_seq_params, group):
+    """The :class:`~verl.models.mcore.context_parallel.CPShard` of this micro-batch (the model holds this CP
+    rank's tokens; ``packed_seq_params`` carries the global, per-sequence padded boundaries). Built once per
+    micro-batch and kept on the params object, so the layers share one host sync."""
+    from verl.models.mcore.context_parallel import CPShard
+
+    if packed_seq_params is None:
+        raise ValueError("context parallelism needs packed (THD) input: set megatron.use_remove_padding=true")
+    shard = getattr(packed_seq_params, "_verl_cp_shard", None)
+    if shard is None:
+        shard = CPShard.build(packed_cu_seqlens(packed_seq_params), torch.distributed.get_world_size(group),
+                              torch.distributed.get_rank(group))
+        packed_seq_params._verl_cp_shard = shard
+    return shard
+
+
 def recomputes(config, module_name: str) -> bool:
     """Whether selective activation recompute covers ``module_name`` ("core_attn", "gdn_norm_out")."""
     return getattr(config, "recompute_granularity", None) == "selective" and module_name in (

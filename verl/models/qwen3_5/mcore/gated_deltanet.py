@@ -4,7 +4,9 @@ One column-parallel input projection yields, per tensor rank, [q, k, v, z, b, a]
 weight converter lays the HF ``in_proj_qkv/z/b/a`` out that way), so sequence parallelism needs a single
 all-gather. The depthwise causal conv and the gated delta rule run on whole sequences of the rank's heads and
 restart at every ``cu_seqlens`` boundary (fla's varlen kernels on CUDA, the pure-torch reference elsewhere:
-:mod:`verl.models.qwen3_5.gated_deltanet`). The row-parallel output projection reduces over ranks.
+:mod:`verl.models.qwen3_5.gated_deltanet`). The row-parallel output projection reduces over ranks. Under context
+parallelism the conv reads its halo from the previous chunk's owner and the delta rule's state is relayed from
+chunk to chunk across the CP ranks (:mod:`verl.models.qwen3_5.gated_deltanet_cp`, which states the cost).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from verl.models.qwen3_5.mcore.common import (
+    cp_group_of,
+    cp_shard_of,
     gated_rms_norm,
     maybe_checkpoint,
     packed_cu_seqlens,
@@ -25,6 +29,7 @@ from verl.models.qwen3_5.mcore.common import (
     tp_shared_weight,
 )
 from verl.models.qwen3_5.gated_deltanet import causal_conv1d, gated_delta_rule
+from verl.models.qwen3_5.gated_deltanet_cp import cp_causal_conv1d, cp_gated_delta_rule
 
 
 class Qwen35GatedDeltaNet(MegatronModule):
@@ -35,6 +40,7 @@ class Qwen35GatedDeltaNet(MegatronModule):
         super().__init__(config=config)
         self.layer_number = layer_number
         self.tp_group = tp_group_of(self, pg_collection)
+        self.cp_group = cp_group_of(pg_collection)
         tp = self.tp_group.size() if self.tp_group is not None else 1
         c = config
         self.n_k, self.n_v = c.linear_num_key_heads // tp, c.linear_num_value_heads // tp
@@ -107,16 +113,22 @@ class Qwen35GatedDeltaNet(MegatronModule):
         if cu is not None and b_ != 1:
             raise ValueError(f"packed (THD) input must be one row, got batch {b_}")
         max_len = getattr(packed_seq_params, "max_seqlen_q", None) if packed_seq_params is not None else None
-        core = maybe_checkpoint(self.recompute_core, self._mix, proj, cu, max_len)
+        shard = cp_shard_of(packed_seq_params, self.cp_group) if self.cp_group is not None else None
+        core = maybe_checkpoint(self.recompute_core, self._mix, proj, cu, max_len, shard)
         core = core.reshape(b_, s_, -1).transpose(0, 1).contiguous()  # [S, B, local]
         out, bias = self.out_proj(core)
         return out, bias
 
-    def _mix(self, proj, cu, max_len):
-        """[B, S, local] projections -> [B, S, n_v, d_v] normed, gated delta-rule output of this rank's heads."""
+    def _mix(self, proj, cu, max_len, shard=None):
+        """[B, S, local] projections -> [B, S, n_v, d_v] normed, gated delta-rule output of this rank's heads
+        (``shard``: this CP rank's part of the packed row, under context parallelism)."""
         b_, s_ = proj.shape[:2]
         q, k, v, z, beta, a = torch.split(proj, self.sections, dim=-1)
-        mixed = causal_conv1d(torch.cat([q, k, v], dim=-1), self.conv1d.weight[:, 0], None, cu, "silu")
+        if shard is not None:
+            mixed = cp_causal_conv1d(torch.cat([q, k, v], dim=-1), self.conv1d.weight[:, 0], None, shard,
+                                     self.cp_group, "silu")
+        else:
+            mixed = causal_conv1d(torch.cat([q, k, v], dim=-1), self.conv1d.weight[:, 0], None, cu, "silu")
         q, k, v = torch.split(mixed, self.sections[:3], dim=-1)
         q = q.reshape(b_, s_, self.n_k, self.d_k)
         k = k.reshape(b_, s_, self.n_k, self.d_k)
@@ -127,7 +139,10 @@ class Qwen35GatedDeltaNet(MegatronModule):
         beta = beta.sigmoid()
         # log-decay in fp32: exp(A_log) overflows half precision
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        core = gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, max_seqlen=max_len, use_qk_l2norm=True)
+        if shard is not None:
+            core = cp_gated_delta_rule(q, k, v, g, beta, shard, self.cp_group, use_qk_l2norm=True)
+        else:
+            core = gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, max_seqlen=max_len, use_qk_l2norm=True)
         weight = tp_shared_weight(self.norm.weight, self.tp_group)
         z = z.reshape(b_, s_, self.n_v, self.d_v)
         return maybe_checkpoint(self.recompute_norm, gated_rms_norm, core, z, weight, self.eps)

@@ -38,6 +38,10 @@ class ValueHead(torch.nn.Linear):
 
 
 class Qwen35Model(LanguageModule):
+    # The engine shards packed rows over the context-parallel group only for models that say they take them
+    # (their mixers read the CP group and the global boundaries: attention.py, gated_deltanet.py).
+    supports_context_parallel = True
+
     def __init__(self, config, hf_config, pre_process: bool = True, post_process: bool = True,
                  share_embeddings_and_output_weights: bool = False, value: bool = False,
                  vp_stage: Optional[int] = None, pg_collection=None):

@@ -122,6 +122,10 @@ class MegatronEngine(BaseEngine):
         is_value = self.role_spec.value_head
         chunks = build.build_model_chunks(self.tfconfig, self.hf_config, registry.init_mcore_model, s, tie,
                                           value=is_value)
+        if s.cp > 1 and not all(getattr(m, "supports_context_parallel", False) for m in chunks):
+            raise ValueError(f"{self._prefix}.context_parallel_size={s.cp}: the Megatron model built for "
+                             f"{type(chunks[0]).__name__} has no context-parallel attention (built for the Qwen3.5 "
+                             "local spec only); set context_parallel_size=1")
         from .weights import load_initial_weights, seed_master_weights
 
         masters = load_initial_weights(self, chunks, path)
@@ -239,7 +243,8 @@ class MegatronEngine(BaseEngine):
         batch = data.batch.select(*keys)
         pp, vpp = self.settings.pp, (self.settings.vpp or 1)
         if meta.get("use_dynamic_bsz", False):
-            budget = int(meta["max_token_len"])
+            # The budget is per GPU (upstream's *_max_token_len_per_gpu): a micro-batch is spread over the CP ranks.
+            budget = int(meta["max_token_len"]) * self.settings.cp
             key = {"budget_key": meta["max_token_len_key"]} if meta.get("max_token_len_key") else {}
             tds, groups = rearrange_micro_batches(batch, max_token_len=budget, dp_group=self.dp_group,
                                                   num_batches_divided_by=pp if vpp > 1 else None, **key)
@@ -289,9 +294,12 @@ class MegatronEngine(BaseEngine):
             mb["global_batch_info"] = global_info
             loss, m = loss_fn(outs, mb)
             metrics.append({k: float(v) for k, v in m.items()})
-            # The schedule divides by the number of micro-batches (and multiplies by the CP size); the role's
-            # loss is already normalised by global counts, so undo that.
-            return loss * n_micro / max(self.settings.cp, 1), {}
+            # The schedule divides by the number of micro-batches and multiplies by the CP size; the role's loss
+            # is already normalised by global counts, so undo the division. The CP factor stays: every CP rank
+            # computes the same full loss (its outputs are gathered) and back-propagates only through its own
+            # tokens, so the ranks' gradients sum to the loss's; DDP averages over data x context parallel ranks,
+            # and the factor cp turns that average back into the data-parallel mean, as at CP=1.
+            return loss * n_micro, {}
 
         def forward_step(data_iterator, model):
             index = next(data_iterator)  # every model chunk walks the micro-batches in order
@@ -323,11 +331,14 @@ class MegatronEngine(BaseEngine):
             kw = dict(temperature=temperature, calculate_entropy="entropy" in want, chunk_size=s.entropy_chunk_size)
         if s.use_remove_padding:
             align = s.tp if s.sequence_parallel else 1
-            packed = pack_thd(mb["input_ids"], mb["attention_mask"], mb["position_ids"], align=align)
+            packed = pack_thd(mb["input_ids"], mb["attention_mask"], mb["position_ids"], align=align, cp=s.cp)
+            ids, pos, labels = packed.input_ids, packed.position_ids, packed.labels
+            if s.cp > 1:  # this CP rank's two chunks of every sequence; the params keep the global boundaries
+                shard = self._cp_shard(packed)
+                ids, pos, labels = shard.shard(ids), shard.shard(pos), shard.shard(labels)
             if not self.role_spec.value_head:
-                kw["labels"] = packed.labels
-            output = self.forward_fn(model, packed.input_ids, packed.position_ids,
-                                     packed_seq_params=packed.packed_seq_params(), **kw)
+                kw["labels"] = labels
+            output = self.forward_fn(model, ids, pos, packed_seq_params=packed.packed_seq_params(), **kw)
             return output, packed
         position_ids = mb["position_ids"]
         if position_ids.dim() == 3:  # (B, C, L) mRoPE -> (C, B, L)
@@ -338,13 +349,31 @@ class MegatronEngine(BaseEngine):
                                  attention_mask=mb["attention_mask"], **kw)
         return output, None
 
+    def _cp_shard(self, packed):
+        """The context-parallel layout of a packed micro-batch (kept on it: the loss side reuses it)."""
+        from megatron.core import parallel_state as ps
+
+        from verl.models.mcore.context_parallel import CPShard
+
+        if getattr(packed, "cp_shard", None) is None:
+            packed.cp_shard = CPShard.build(packed.cu_seqlens, self.settings.cp, ps.get_context_parallel_rank())
+        return packed.cp_shard
+
     def _token_outputs(self, output, packed) -> dict:
-        """Last-stage output of one micro-batch -> {name: (B, L) next-token-aligned float tensor}."""
+        """Last-stage output of one micro-batch -> {name: (B, L) next-token-aligned float tensor}. Under context
+        parallelism the rank's per-token outputs are first gathered into the full row (every CP rank then
+        holds the same outputs and computes the same loss; see loss_func)."""
         if self.role_spec.value_head:
             output = {"values": output}
         out = {}
         for name, value in output.items():
             value = value.float()
+            if packed is not None and self.settings.cp > 1:
+                from megatron.core import parallel_state as ps
+
+                from verl.models.mcore.context_parallel import gather_to_full
+
+                value = gather_to_full(value, self._cp_shard(packed), ps.get_context_parallel_group(), dim=-1)
             out[name] = unpack_thd(value, packed) if packed is not None else value
         return out
 

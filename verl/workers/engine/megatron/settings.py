@@ -89,10 +89,11 @@ def settings_problems(section: Mapping, prefix: str = "actor_rollout_ref.actor.m
         value = _get(section, key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             problems.append(f"{prefix}.{key} must be null or a positive integer (got {value!r}).")
-    if _get(section, "context_parallel_size", 1) not in (1, None):
-        problems.append(f"{prefix}.context_parallel_size > 1 is not supported: packed (THD) context parallelism "
-                        "in megatron-core needs Transformer Engine's attention, which this engine does not use; "
-                        "set it to 1 and raise tensor_model_parallel_size instead.")
+    cp = _get(section, "context_parallel_size", 1)
+    if isinstance(cp, int) and cp > 1 and _get(section, "use_remove_padding", True) is False:
+        # The CP layout cuts packed sequences (THD); a padded (B, L) batch has no sequence boundaries to cut at.
+        problems.append(f"{prefix}.context_parallel_size={cp} needs packed sequences: set "
+                        f"{prefix}.use_remove_padding=true (or context_parallel_size=1).")
     vpp = _get(section, "virtual_pipeline_model_parallel_size")
     if isinstance(vpp, int) and vpp > 1 and _get(section, "pipeline_model_parallel_size", 1) < 2:
         problems.append(f"{prefix}.virtual_pipeline_model_parallel_size needs pipeline_model_parallel_size > 1; "
