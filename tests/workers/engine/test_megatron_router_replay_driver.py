@@ -172,3 +172,24 @@ def test_record_returns_own_routes_in_the_batch_layout(driver):
 def test_a_dense_model_is_refused(driver):
     with pytest.raises(ValueError, match="needs a MoE model"):
         driver("R3", [torch.nn.Linear(2, 2)], top_k=K, sequence_parallel=False)
+
+
+def test_the_engine_reads_the_mode_and_turns_on_megatron_core_replay():
+    """``actor_rollout_ref.actor.megatron.router_replay.mode`` -> the engine's mode (which the actor reads to send
+    ``routed_experts`` along) and the TransformerConfig fields that build routers with a RouterReplay."""
+    from omegaconf import OmegaConf
+
+    from verl.trainer.config.checks import compose_config
+    from verl.workers.engine.megatron.router_replay import read_mode, replay_transformer_overrides
+
+    cfg = compose_config("ppo_megatron_trainer", ["actor_rollout_ref.actor.megatron.router_replay.mode=R2"],
+                         validate=False)
+    assert read_mode(cfg.actor_rollout_ref.actor.megatron) == "R2"
+    assert read_mode(cfg.actor_rollout_ref.ref.megatron) == "disabled"
+    assert read_mode(OmegaConf.create({})) == "disabled"
+    with pytest.raises(ValueError, match="R1"):
+        read_mode(OmegaConf.create({"router_replay": {"mode": "R1"}}))
+    over = replay_transformer_overrides({"moe_router_topk": 2}, "actor_rollout_ref.actor.megatron")
+    assert over == {"moe_router_topk": 2, "moe_enable_routing_replay": True, "moe_router_fusion": False}
+    with pytest.raises(ValueError, match="moe_router_fusion"):
+        replay_transformer_overrides({"moe_router_fusion": True}, "actor_rollout_ref.actor.megatron")
