@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the megatron-core Qwen3.5 model (local spec, world size 1) against Hugging Face:
 # packed log-probs (fp32 <= 1e-4, bf16 tolerance), fused vs full logits, entropy and gradients, for tiny dense,
-# MoE and VL-MoE checkpoints, fla's GDN gradients against torch references; with 2 GPUs also TP / SP / EP 2
+# MoE and VL-MoE checkpoints, fla's GDN gradients against torch references, router replay on the tiny MoE; with 2 GPUs also TP / SP / EP 2
 # against HF. Installs nothing: expects megatron-core and fla importable, e.g. on the lent machine after the
 # wheels of /work/main/.whl (tilelang included: fla's Hopper backward needs it) went into /tmp/site:
 #
