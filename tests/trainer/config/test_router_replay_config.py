@@ -1,6 +1,6 @@
 """Router replay keys: actor.fsdp_config.router_replay.mode (FSDP twin of upstream's megatron block) and
 rollout.enable_rollout_routing_replay are accepted in the combinations that run, refused (naming the key)
-otherwise; the megatron engine's router_replay.mode is refused (not implemented there)."""
+otherwise; the megatron engine's router_replay.mode follows the same rules."""
 
 import pytest
 
@@ -43,8 +43,31 @@ def test_refused(overrides, key, words):
     assert f"`{key}`" in msg and words in msg
 
 
-def test_megatron_router_replay_refused():
+MG_MODE = "actor_rollout_ref.actor.megatron.router_replay.mode"
+
+
+def test_megatron_router_replay_validates():
+    cfg = compose_config("ppo_megatron_trainer", [HF, f"{MG_MODE}=R3", f"{RECORD}=true"])
+    assert cfg.actor_rollout_ref.actor.megatron.router_replay.mode == "R3"
+    compose_config("ppo_megatron_trainer", [HF, f"{MG_MODE}=R2"])
+
+
+@pytest.mark.parametrize("overrides, key, words", [
+    ([HF, f"{MG_MODE}=R3"], MG_MODE, "enable_rollout_routing_replay=true"),
+    ([HF, f"{MG_MODE}=R2", f"{RECORD}=true"], MG_MODE, "R3"),
+    ([HF, f"{MG_MODE}=R2", "algorithm.rollout_correction.bypass_mode=true"], MG_MODE, "bypass_mode"),
+    ([HF, f"{MG_MODE}=R4"], MG_MODE, "valid values"),
+    ([HF, f"{MG_MODE}=R2", "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_fusion=true"],
+     "actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_fusion", "router replay"),
+    ([HF, f"{MG_MODE}=R2", "actor_rollout_ref.actor.megatron.context_parallel_size=2"], MG_MODE,
+     "context_parallel_size > 1"),
+    ([HF, "actor_rollout_ref.actor.megatron.router_replay.record_file=/tmp/r.pt"],
+     "actor_rollout_ref.actor.megatron.router_replay.record_file", ""),
+    ([HF, "actor_rollout_ref.ref.megatron.router_replay.mode=R3", f"{RECORD}=true"],
+     "actor_rollout_ref.ref.megatron.router_replay.mode", ""),
+])
+def test_megatron_refused(overrides, key, words):
     with pytest.raises(ConfigValidationError) as info:
-        compose_config("ppo_megatron_trainer", [HF, "actor_rollout_ref.actor.megatron.router_replay.mode=R3",
-                                                f"{RECORD}=true"])
-    assert "actor_rollout_ref.actor.megatron.router_replay.mode" in str(info.value)
+        compose_config("ppo_megatron_trainer", overrides)
+    msg = str(info.value)
+    assert f"`{key}`" in msg and words in msg

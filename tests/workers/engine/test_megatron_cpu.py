@@ -241,6 +241,7 @@ def _script_overrides(path: str, env: dict) -> list[str]:
     ("examples/grpo_trainer/run_qwen3_5-35b-megatron.sh", "35b_a3b"),
     ("examples/grpo_trainer/run_qwen3_5-9b-megatron.sh", "9b"),
     ("examples/grpo_trainer/run_qwen3_5-0.8b-megatron-cp.sh", "0p8b"),
+    ("examples/router_replay/run_qwen3_5-35b-a3b_megatron_r3.sh", "35b_a3b"),
 ])
 def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
     """The scripts' overrides compose and pass validation, parallel sizes included, against a config.json of
@@ -279,6 +280,9 @@ def test_megatron_example_scripts_compose_and_validate(tmp_path, script, shape):
     if shape == "0p8b":  # the context-parallel example: the reference follows the actor's CP size
         assert loaded.actor_rollout_ref.actor.megatron.context_parallel_size == 2
         assert loaded.actor_rollout_ref.ref.megatron.context_parallel_size == 2
+    if "router_replay" in script:
+        assert loaded.actor_rollout_ref.actor.megatron.router_replay.mode == "R3"
+        assert loaded.actor_rollout_ref.rollout.enable_rollout_routing_replay is True
 
 
 def test_data_parallel_size_of_megatron_roles(qwen35_dir):

@@ -424,13 +424,13 @@ def _check_tools_without_multi_turn(c: Checker, mt: str) -> None:
 
 
 def check_router_replay(c: Checker) -> None:
-    """MoE router replay: actor.fsdp_config.router_replay.mode (the FSDP twin of upstream's
-    megatron.router_replay.mode; the megatron keys are default-only, key_status.txt) and
-    rollout.enable_rollout_routing_replay."""
+    """MoE router replay: the actor engine's router_replay.mode (upstream's actor.megatron.router_replay.mode,
+    and this project's FSDP twin actor.fsdp_config.router_replay.mode) and rollout.enable_rollout_routing_replay.
+    The block of the engine the actor does not run on keeps its default."""
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-    mode_key = f"{a}.fsdp_config.router_replay.mode"
-    # megatron configs have no fsdp_config: their router_replay keys are default-only (key_status.txt)
-    mode = c.choice(mode_key, ("disabled", "R2", "R3")) if c.get(mode_key) is not None else None
+    megatron = c.get(f"{a}.strategy") == "megatron"
+    mode_key = f"{a}.megatron.router_replay.mode" if megatron else f"{a}.fsdp_config.router_replay.mode"
+    mode = c.choice(mode_key, ("disabled", "R2", "R3")) if c.get(mode_key) not in (None, UNSET) else None
     record = c.flag(f"{r}.enable_rollout_routing_replay")
     if record:
         if c.get(f"{r}.name") != "hf":
@@ -441,8 +441,6 @@ def check_router_replay(c: Checker) -> None:
                                                          "agent loop does not carry routes).")
     if mode in (None, "disabled"):
         return
-    if c.get(f"{a}.strategy") not in ("fsdp", "fsdp2"):
-        c.fail(mode_key, f"={mode} needs actor.strategy fsdp/fsdp2 (megatron router replay is not implemented).")
     if mode == "R3" and not record:
         c.fail(mode_key, f"=R3 replays the rollout's routes: set {r}.enable_rollout_routing_replay=true.")
     if mode == "R2":
@@ -452,6 +450,16 @@ def check_router_replay(c: Checker) -> None:
         if c.flag("algorithm.rollout_correction.bypass_mode"):
             c.fail(mode_key, "=R2 records in the old-log-prob pass, which algorithm.rollout_correction."
                              "bypass_mode=true skips.")
+    if megatron:
+        # the Megatron engine replays through megatron-core's unfused top-k
+        if c.get(f"{a}.megatron.override_transformer_config.moe_router_fusion") is True:
+            c.fail(f"{a}.megatron.override_transformer_config.moe_router_fusion",
+                   f"=true bypasses megatron-core's router replay, which {mode_key}={mode} uses; set it to false.")
+        cp = c.get(f"{a}.megatron.context_parallel_size")
+        if isinstance(cp, int) and cp > 1:  # the routes' token layout is built for whole packed rows only
+            c.fail(mode_key, f"={mode} with megatron.context_parallel_size > 1 is not implemented (the replayed "
+                             "routes are laid out for the whole packed row, not a context-parallel rank's chunks).")
+        return
     sp = c.get(f"{a}.ulysses_sequence_parallel_size") or c.get(f"{a}.fsdp_config.ulysses_sequence_parallel_size")
     if isinstance(sp, int) and sp > 1:
         c.fail(mode_key, f"={mode} with ulysses_sequence_parallel_size > 1 is not implemented.")

@@ -23,6 +23,7 @@ from verl.workers.engine.base import BaseEngine, LossFn, accumulate_metrics
 
 from . import build
 from .packing import next_token_labels, pack_thd, unpack_thd
+from .router_replay import MegatronRouterReplay, read_mode, replay_transformer_overrides
 from .settings import MegatronSettings, read_settings, require_mcore
 from verl.utils.config import cfg_get
 
@@ -31,6 +32,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["MegatronEngine"]
 
 _INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+def _as_output(t: torch.Tensor) -> torch.Tensor:
+    return (t.float() if t.is_floating_point() else t).cpu()
 
 
 class MegatronEngine(BaseEngine):
@@ -63,6 +68,15 @@ class MegatronEngine(BaseEngine):
         self._hf_rollout: Optional[torch.nn.Module] = None
         self.processing_class = kwargs.get("processing_class")
         self._model_dir: Optional[str] = None
+        # megatron.router_replay.mode (upstream's key): disabled, R2, R3; the actor's only (validation)
+        self.router_replay_mode = read_mode(engine_config)
+        if self.router_replay_mode != "disabled" and (self.role_spec.value_head or not self.role_spec.trainable):
+            raise ValueError(f"{prefix}.router_replay.mode={self.router_replay_mode}: router replay is the actor's; "
+                             "the reference and critic route with their own top-k")
+        if self.router_replay_mode != "disabled" and self.settings.cp > 1:
+            raise ValueError(f"{prefix}.router_replay.mode={self.router_replay_mode} with context_parallel_size > 1 "
+                             "is not implemented (routes are laid out for whole packed rows)")
+        self._replay: Optional[MegatronRouterReplay] = None
 
     @property
     def model_path(self) -> str:
@@ -110,6 +124,8 @@ class MegatronEngine(BaseEngine):
                                overrides["attention_backend"])
 
             overrides["attention_backend"] = AttnBackend[overrides["attention_backend"]]
+        if self.router_replay_mode != "disabled":
+            overrides = replay_transformer_overrides(overrides, prefix=self._prefix)
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[s.dtype]
         self.tfconfig = registry.hf_to_mcore_config(
             self.hf_config, dtype, tensor_model_parallel_size=s.tp, pipeline_model_parallel_size=s.pp,
@@ -148,6 +164,12 @@ class MegatronEngine(BaseEngine):
             no_sync = [m.no_sync for m in self.model]
             self.tfconfig.no_sync_func = no_sync if len(no_sync) > 1 else no_sync[0]
             self.tfconfig.grad_scale_func = None
+        if self.router_replay_mode != "disabled":
+            if not getattr(self.tfconfig, "num_moe_experts", None):
+                raise ValueError(f"{self._prefix}.router_replay.mode={self.router_replay_mode} needs a MoE model; "
+                                 f"{path} has no experts")
+            self._replay = MegatronRouterReplay(self.router_replay_mode, self.model, self.tfconfig.moe_router_topk,
+                                                s.sequence_parallel)
         self._offload_idle()
 
     # ------------------------------------------------------------------ modes / memory
@@ -301,10 +323,20 @@ class MegatronEngine(BaseEngine):
             # and the factor cp turns that average back into the data-parallel mean, as at CP=1.
             return loss * n_micro, {}
 
+        replay = self._replay
+        if "routed_experts" in want and replay is None:
+            raise ValueError("routed_experts requested from an engine without megatron.router_replay.mode")
+        record = "routed_experts" in want  # R2's old-log-prob pass records; any other pass replays the batch's
+
         def forward_step(data_iterator, model):
             index = next(data_iterator)  # every model chunk walks the micro-batches in order
             mb = micro[index]
-            output, packed = self._model_forward(model, mb, temperature, want)
+            packed = self._pack(mb)
+            if replay is not None:
+                replay.before_forward(model, index, mb, packed, record)
+            output = self._model_forward(model, mb, packed, temperature, want)
+            if replay is not None:
+                output = replay.after_forward(model, index, output, record, forward_only)
             return output, partial(loss_func, mb, packed, index)
 
         single = len(self.model) == 1
@@ -313,41 +345,56 @@ class MegatronEngine(BaseEngine):
             max_len = max(int(mb["attention_mask"].sum()) for mb in micro)
         else:
             max_len = max(int(mb["input_ids"].size(-1)) for mb in micro)
-        get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=feed, model=self.model[0] if single else self.model,
-            num_microbatches=n_micro, seq_length=max_len, micro_batch_size=1, forward_only=forward_only)
+        if replay is not None:
+            replay.begin_batch()
+        try:
+            get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=feed, model=self.model[0] if single else self.model,
+                num_microbatches=n_micro, seq_length=max_len, micro_batch_size=1, forward_only=forward_only)
+            if record:  # collective: every rank takes part, the last stage keeps them with its outputs
+                routes = replay.recorded_routes(micro)
+                for index, outs in collected:
+                    outs["routed_experts"] = routes[index]
+        finally:
+            if replay is not None:
+                replay.end_batch()
         result = self._assemble(collected, groups, want)
         summed = getattr(loss_fn, "summed_metrics", ())
         return self._broadcast_from_last_stage({"outputs": result, "metrics": accumulate_metrics(metrics, summed)})
 
-    def _model_forward(self, model, mb: dict, temperature: float, want: set):
-        """One micro-batch through one model chunk. On the last stage a policy returns {"log_probs",
-        "entropy"?} per token (the model's forward computes them from the final hidden states a chunk of
-        tokens at a time, reducing the softmax over the TP ranks: the vocabulary is never gathered), a value
-        model its values; other stages return hidden states for the next one."""
+    def _pack(self, mb: dict):
+        """The micro-batch as one THD row (None without remove-padding); under sequence parallelism its length
+        is a multiple of the TP size."""
+        s = self.settings
+        if not s.use_remove_padding:
+            return None
+        return pack_thd(mb["input_ids"], mb["attention_mask"], mb["position_ids"],
+                        align=s.tp if s.sequence_parallel else 1, cp=s.cp)
+
+    def _model_forward(self, model, mb: dict, packed, temperature: float, want: set):
+        """One micro-batch (``packed`` by :meth:`_pack`) through one model chunk. On the last stage a policy
+        returns {"log_probs", "entropy"?} per token (the model's forward computes them from the final hidden
+        states a chunk of tokens at a time, reducing the softmax over the TP ranks: the vocabulary is never
+        gathered), a value model its values; other stages return hidden states for the next one."""
         s = self.settings
         kw = {}
         if not self.role_spec.value_head:  # the LM head computes log-probs (and entropy) from the labels
             kw = dict(temperature=temperature, calculate_entropy="entropy" in want, chunk_size=s.entropy_chunk_size)
-        if s.use_remove_padding:
-            align = s.tp if s.sequence_parallel else 1
-            packed = pack_thd(mb["input_ids"], mb["attention_mask"], mb["position_ids"], align=align, cp=s.cp)
+        if packed is not None:
             ids, pos, labels = packed.input_ids, packed.position_ids, packed.labels
             if s.cp > 1:  # this CP rank's two chunks of every sequence; the params keep the global boundaries
                 shard = self._cp_shard(packed)
                 ids, pos, labels = shard.shard(ids), shard.shard(pos), shard.shard(labels)
             if not self.role_spec.value_head:
                 kw["labels"] = labels
-            output = self.forward_fn(model, ids, pos, packed_seq_params=packed.packed_seq_params(), **kw)
-            return output, packed
+            return self.forward_fn(model, ids, pos, packed_seq_params=packed.packed_seq_params(), **kw)
         position_ids = mb["position_ids"]
         if position_ids.dim() == 3:  # (B, C, L) mRoPE -> (C, B, L)
             position_ids = position_ids.transpose(0, 1)
         if not self.role_spec.value_head:
             kw["labels"] = next_token_labels(mb["input_ids"], mb["attention_mask"])
-        output = self.forward_fn(model, mb["input_ids"], position_ids, packed_seq_params=None,
-                                 attention_mask=mb["attention_mask"], **kw)
-        return output, None
+        return self.forward_fn(model, mb["input_ids"], position_ids, packed_seq_params=None,
+                               attention_mask=mb["attention_mask"], **kw)
 
     def _cp_shard(self, packed):
         """The context-parallel layout of a packed micro-batch (kept on it: the loss side reuses it)."""
@@ -385,7 +432,8 @@ class MegatronEngine(BaseEngine):
         order = [i for g in groups for i in g]
         restore = torch.empty(len(order), dtype=torch.long)
         restore[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
-        return {k: torch.cat([c[1][k] for c in collected], dim=0).float().cpu()[restore] for k in names}
+        # floats as fp32; R2's recorded routes keep their integer dtype
+        return {k: _as_output(torch.cat([c[1][k] for c in collected], dim=0))[restore] for k in names}
 
     def _broadcast_from_last_stage(self, result: dict) -> dict:
         from megatron.core import parallel_state as ps
