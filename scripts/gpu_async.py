@@ -7,7 +7,8 @@ mean aimed at ``--mean-response``; see ``gpu_scale.calibrate_eos``):
 * ``sync``: ``python -m verl.trainer.main_ppo``, every GPU colocated (generate, then train);
 * ``one_step``: ``python -m verl.experimental.one_step_off_policy.main_ppo``, half the GPUs train, half generate;
 * ``fully_async``: ``python -m verl.experimental.fully_async_policy.fully_async_main``, the same split, with
-  ``async_training.staleness_threshold`` and a weight sync every step.
+  ``async_training.staleness_threshold`` and a weight sync every step (``--partial-rollout``: the responses in
+  flight at a sync go on with the new weights instead of draining first, ``async_training.partial_rollout``).
 
 Printed per mode: samples/s over steps 2..N (step 1 holds the one-off compilation), the speed-up against
 ``sync``, and where each pool's GPUs wait: the trainer's wait for samples (``fully_async/trainer/idle_ratio``),
@@ -19,6 +20,7 @@ on the rollout pool against the pipeline depth. For ``sync``, generation's share
     python scripts/gpu_async.py --gpus 2                         # 1 trainer GPU + 1 rollout GPU vs 2 colocated
     python scripts/gpu_async.py --gpus 4 --modes sync,one_step   # 2 + 2
     python scripts/gpu_async.py --tiny --device cpu --gpus 2     # the same path at tiny shapes on the CPU
+    python scripts/gpu_async.py --gpus 2 --modes fully_async --partial-rollout --reuse sync   # no drain at syncs
     python scripts/gpu_async.py --build-only; ... --modes sync; ... --modes one_step --reuse sync; ...
         --modes fully_async --reuse sync,one_step                # one mode per device call, one table at the end
 """
@@ -76,7 +78,8 @@ def overrides(args, mode: str, model: Path, data: Path) -> list[str]:
         "data.train_batch_size=0", f"data.gen_batch_size={chunk}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={max(1, p // 2)}", "async_training.require_batches=2",
         f"async_training.staleness_threshold={args.staleness}", "async_training.trigger_parameter_sync_step=1",
-        "async_training.partial_rollout=false", f"rollout.total_rollout_steps={p * (args.steps + 1)}",
+        f"async_training.partial_rollout={str(bool(args.partial_rollout)).lower()}",
+        f"rollout.total_rollout_steps={p * (args.steps + 1)}",
     ]
 
 
@@ -107,6 +110,9 @@ def summarize(steps: list[dict], prompts: int, n: int) -> dict:
         vals = [r["data"][key] for r in timed if key in r["data"]]
         return sum(vals) / len(vals) if vals else None
 
+    def total(key):
+        return sum(r["data"].get(key, 0.0) for r in timed)
+
     slot_idle = []
     for r in timed:
         d = r["data"]
@@ -121,7 +127,12 @@ def summarize(steps: list[dict], prompts: int, n: int) -> dict:
                 depth=mean("fully_async/rollouter/pipeline_depth"), in_flight=max(
                     (r["data"].get("fully_async/rollouter/max_chunks_in_flight", 0) for r in timed), default=0),
                 response_mean=mean("response_length/mean"), response_max=max(
-                    (r["data"].get("response_length/max", 0) for r in timed), default=0))
+                    (r["data"].get("response_length/max", 0) for r in timed), default=0),
+                # weight syncs on the rollout pool: paused chunks in flight (partial rollout) or drained them
+                paused=total("fully_async/rollouter/paused_at_sync"),
+                drained=total("fully_async/rollouter/drained_at_sync"),
+                sync_wait_s=total("fully_async/rollouter/sync_wait_s"), partial_ratio=mean(
+                    "fully_async/partial/partial_ratio"))
 
 
 def report(args, results: dict) -> None:
@@ -130,16 +141,19 @@ def report(args, results: dict) -> None:
     print(f"\n=== {args.shape}, {args.gpus} x {args.device_name}: {args.prompts} prompts x n={args.n} per step, "
           f"responses <= {args.max_response} (mean aimed at {args.mean_response:.0f}), {args.steps} steps ===")
     print("| mode | GPUs (train + rollout) | steps | samples/s | vs sync | step s | response mean / max | "
-          "gen share | trainer idle | rollout pool idle | idle decode slots | chunks in flight |")
-    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+          "gen share | trainer idle | rollout pool idle | idle decode slots | chunks in flight | "
+          "syncs paused / drained (offer -> install s) | responses spanning a sync |")
+    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|")
     for mode, r in results.items():
         gpus = f"{args.gpus} colocated" if mode == "sync" else f"{args.gpus // 2} + {args.gpus - args.gpus // 2}"
         vs = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
         flight = "-" if r["depth"] is None else f"{r['in_flight']:.0f} of {r['depth']:.0f}"
+        syncs = "-" if r["depth"] is None else (f"{r['paused']:.0f} / {r['drained']:.0f} "
+                                                f"({r['sync_wait_s']:.1f})")
         print(f"| {mode} | {gpus} | {r['steps']} | {r['samples_per_s']:.2f} | {vs} | {r['step_s']:.1f} | "
               f"{r['response_mean'] or 0:.0f} / {r['response_max']:.0f} | {pct(r['gen_share']) if mode == 'sync' else '-'} | "
               f"{pct(r['trainer_idle'])} | {pct(r['rollout_idle'])} | {pct(r['slot_idle'])} | "
-              f"{flight} |", flush=True)
+              f"{flight} | {syncs} | {pct(r['partial_ratio'])} |", flush=True)
 
 
 def main(argv=None) -> int:
@@ -164,6 +178,8 @@ def main(argv=None) -> int:
     p.add_argument("--eos-samples", type=int, default=16, help="responses sampled to fit the EOS row to "
                    "--mean-response (gpu_scale.refine_eos_on_samples; 0: the random-id probe only)")
     p.add_argument("--staleness", type=float, default=0.5, help="async_training.staleness_threshold (fully_async)")
+    p.add_argument("--partial-rollout", action="store_true", help="fully_async: async_training.partial_rollout=true "
+                   "(a weight sync pauses the responses in flight and continues them with the new weights)")
     p.add_argument("--workdir", default="/tmp/verl_async")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per launch")
     p.add_argument("--reuse", default="", help="modes not launched again: their metrics files from an earlier "

@@ -5,6 +5,10 @@
 # (async_training.staleness_threshold). 64 prompts per rollout GPU are in generation at once
 # (async_training.concurrent_samples_per_replica): 8 chunks in flight share the engine's decode slots, so the
 # slots a chunk's short responses free are taken by the next chunks while its long tail decodes.
+# At a weight sync the chunks in flight finish with the old weights first (the drain). PARTIAL_ROLLOUT=True
+# (async_training.partial_rollout, upstream's default) pauses them between two decode steps instead, installs the
+# new weights and continues the unfinished responses with them (their prefixes re-prefilled; every token records
+# the version it was sampled with). It is off here until a GPU run has checked it.
 # See docs/advance/async_rl.md.
 # Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 # Model: a local copy of Qwen3.5-0.8B (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-0.8B
@@ -36,7 +40,7 @@ DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
     async_training.staleness_threshold=0.5 \
     async_training.trigger_parameter_sync_step=2 \
     async_training.require_batches=2 \
-    async_training.partial_rollout=False \
+    async_training.partial_rollout="${PARTIAL_ROLLOUT:-False}" \
     async_training.concurrent_samples_per_replica=64 \
     trainer.n_gpus_per_node=1 \
     trainer.nnodes=1 \

@@ -35,3 +35,34 @@ def test_one_pool_is_refused():
 
     with pytest.raises(SystemExit):
         gpu_async.main(["--gpus", "1"])
+
+
+def test_partial_rollout_flag_reaches_the_fully_async_launch():
+    import argparse
+
+    import gpu_async
+
+    args = argparse.Namespace(prompts=8, n=2, gpus=2, max_prompt=64, max_response=32, device="cpu", steps=3,
+                              chunk_prompts=0, concurrent_samples=0, staleness=0.5, partial_rollout=False)
+    off = gpu_async.overrides(args, "fully_async", Path("m"), Path("d"))
+    assert "async_training.partial_rollout=false" in off
+    args.partial_rollout = True
+    on = gpu_async.overrides(args, "fully_async", Path("m"), Path("d"))
+    assert "async_training.partial_rollout=true" in on
+    assert [o for o in on if "partial_rollout" not in o] == [o for o in off if "partial_rollout" not in o]
+    assert not any("partial_rollout" in o for o in gpu_async.overrides(args, "sync", Path("m"), Path("d")))
+
+
+def test_summary_counts_paused_and_drained_syncs():
+    import gpu_async
+
+    steps = [_step(1, 10.0, 5.0), _step(2, 10.0, 5.0, **{"fully_async/rollouter/paused_at_sync": 1.0,
+                                                           "fully_async/rollouter/sync_wait_s": 0.5,
+                                                           "fully_async/partial/partial_ratio": 0.25}),
+             _step(3, 10.0, 5.0, **{"fully_async/rollouter/paused_at_sync": 1.0,
+                                    "fully_async/rollouter/drained_at_sync": 0.0,
+                                    "fully_async/rollouter/sync_wait_s": 0.25,
+                                    "fully_async/partial/partial_ratio": 0.75})]
+    s = gpu_async.summarize(steps, prompts=4, n=2)
+    assert (s["paused"], s["drained"]) == (2.0, 0.0)
+    assert s["sync_wait_s"] == pytest.approx(0.75) and s["partial_ratio"] == pytest.approx(0.5)

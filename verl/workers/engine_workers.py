@@ -250,8 +250,11 @@ class ActorRolloutRefWorker(Worker):
         return out if self.rank == 0 else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_rollout_weights(self, weights: list, version: int) -> int:
-        """Install the trainer pool's weights (``export_rollout_weights``) as parameter version ``version``."""
+    def load_rollout_weights(self, weights: list, version: int, in_flight: bool = False) -> int:
+        """Install the trainer pool's weights (``export_rollout_weights``) as parameter version ``version``.
+        ``in_flight`` (``async_training.partial_rollout``): chunks may be in flight; their decode session pauses
+        between decode steps, the weights are copied into the same parameter storage (the session's captured CUDA
+        graphs stay valid), and the unfinished responses go on with them."""
         if self._is_actor:
             raise RuntimeError("load_rollout_weights is for a rollout pool of its own (role 'rollout')")
         if not getattr(self.rollout, "generates_with_training_module", False):
@@ -259,11 +262,19 @@ class ActorRolloutRefWorker(Worker):
                                       "built-in engine (rollout.name=hf) as their rollout server so far")
         from verl.workers.weight_sync.receive import load_hf_weights
 
-        if getattr(self, "_pipeline", None) is not None and self._pipeline.pending():
-            raise RuntimeError(f"new weights while {self._pipeline.pending()} generation chunks are in flight: a "
+        pipeline = getattr(self, "_pipeline", None)
+        if pipeline is not None and pipeline.pending() and not in_flight:
+            raise RuntimeError(f"new weights while {pipeline.pending()} generation chunks are in flight: a "
                                "chunk must be generated with one weight version (collect them first)")
-        load_hf_weights(self.actor_engine.module, weights)
-        self.actor_engine.sync_hf_rollout_module()
+
+        def install():
+            load_hf_weights(self.actor_engine.module, weights)
+            self.actor_engine.sync_hf_rollout_module()
+
+        if pipeline is not None:
+            pipeline.swap_weights(install, int(version))
+        else:
+            install()
         self.weight_version = int(version)
         return self.weight_version
 
@@ -282,24 +293,30 @@ class ActorRolloutRefWorker(Worker):
 
         if getattr(self, "_pipeline", None) is None:
             self._pipeline = ChunkPipeline(self.rollout, self.config.rollout, self.eos_ids, self.pad_token_id)
-            self._pipeline_versions = {}
+            self._pipeline_started = {}
         prompts.meta_info.setdefault("response_length", self.config.rollout.response_length)
         if not self._pipeline.pending():
             self.rollout_cycle.before_generate()
-        self._pipeline.submit(tag, prompts, int(depth))
-        self._pipeline_versions[tag] = (self.weight_version, time.time())
+        self._pipeline.submit(tag, prompts, int(depth), self.weight_version)
+        self._pipeline_started[tag] = time.time()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def generation_ready(self, tag: int, timeout: float = 0.0) -> bool:
+        """Whether this rank's part of chunk ``tag`` is done (waiting up to ``timeout`` seconds): the rollouter
+        polls with it so that it never blocks in a collect while weights wait to go in (partial rollout)."""
+        return self._pipeline.ready(tag, float(timeout))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def collect_generation(self, tag: int) -> DataProto:
-        """Chunk ``tag`` (blocking), laid out as :meth:`generate_sequences` returns it and stamped with the
-        weight version it was submitted under."""
-        version, t0 = self._pipeline_versions.pop(tag)
+        """Chunk ``tag`` (blocking), laid out as :meth:`generate_sequences` returns it, each response token
+        stamped with the weight version it was sampled with (``rollout_weight_version``; with partial rollout a
+        response may span versions)."""
+        t0 = self._pipeline_started.pop(tag)
         try:
             out = self._pipeline.collect(tag)
         finally:
             if not self._pipeline.pending():
                 self.rollout_cycle.after_generate()
-        self._stamp_weight_version(out, version)
         rank_metrics = {"timing_s/generate_sequences": time.time() - t0}
         rank_metrics.update(getattr(self.rollout, "engine_metrics", None) or {})
         out.meta_info["metrics"] = [rank_metrics]
@@ -316,13 +333,13 @@ class ActorRolloutRefWorker(Worker):
         _set_rng_state(state)
         return True
 
-    def _stamp_weight_version(self, out: DataProto, version: int | None = None) -> None:
-        """Per-token record of the parameter version that generated each response token (0 on padding):
-        ``version``, or the one held now."""
+    def _stamp_weight_version(self, out: DataProto) -> None:
+        """Per-token record of the parameter version that generated each response token (0 on padding): the one
+        held now (a pipelined chunk stamps its own, token by token: :mod:`verl.workers.rollout.pipelined`)."""
         if not hasattr(self, "weight_version") or "responses" not in out.batch.keys():
             return
         mask = out.batch["attention_mask"][:, -out.batch["responses"].size(1):]
-        out.batch["rollout_weight_version"] = mask.long() * (self.weight_version if version is None else version)
+        out.batch["rollout_weight_version"] = mask.long() * self.weight_version
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -57,13 +57,44 @@ def test_fully_async_keeps_several_chunks_in_flight(tmp_path):
     assert max(s["fully_async/rollouter/max_chunks_in_flight"] for s in steps.values()) == 2
     for s in steps.values():
         assert s["fully_async/staleness/max"] <= 1  # the threshold holds with chunks in flight
+        # without partial rollout a sync never pauses chunks in flight, and no response spans two versions
+        assert s["fully_async/rollouter/paused_at_sync"] == 0 and s["fully_async/partial/total_partial_num"] == 0
         assert math.isfinite(s["actor/pg_loss"])
         # the step's decode figures are sums over its chunks' stretches of the session
         assert 0 < s["perf/hf_engine/slot_steps"] <= s["perf/hf_engine/decode_steps"] * s["perf/hf_engine/slots"]
 
 
+def test_fully_async_partial_rollout_continues_responses_across_syncs(tmp_path):
+    """async_training.partial_rollout=true with two chunks in flight and responses of up to 64 tokens: weights go
+    in while chunks decode (paused_at_sync, never drained_at_sync), the responses live at a sync go on with the
+    new weights (fully_async/partial/*: each token carries its version), and the staleness bound, counted from a
+    response's oldest token, holds."""
+    _, rec = run_async("fully_async", tmp_path, FAST + [
+        "data.gen_batch_size=2", "trainer.total_training_steps=4", "async_training.staleness_threshold=1",
+        "async_training.trigger_parameter_sync_step=1", "async_training.concurrent_samples_per_replica=4",
+        "async_training.partial_rollout=true", "data.max_response_length=64"])
+    steps = train_records(rec)
+    assert sorted(steps) == [1, 2, 3, 4]
+    for s in steps.values():
+        assert s["fully_async/rollouter/partial_rollout"] == 1.0
+        assert s["fully_async/rollouter/drained_at_sync"] == 0
+        assert s["fully_async/staleness/max"] <= 1
+        assert s["fully_async/weight_version/max"] - s["fully_async/weight_version/min"] >= \
+            s["fully_async/partial/max_partial_span"]
+        assert math.isfinite(s["actor/pg_loss"])
+    assert sum(s["fully_async/rollouter/paused_at_sync"] for s in steps.values()) >= 1
+    spanning = [s for s in steps.values() if s["fully_async/partial/total_partial_num"] > 0]
+    assert spanning, steps  # some responses were live at a sync and went on with the new weights
+    for s in spanning:
+        assert s["fully_async/partial/max_partial_span"] >= 1 and 0 < s["fully_async/partial/partial_ratio"] <= 1
+    # (a chunk's collect reports the session's work since the previous collect: the re-prefills at a pause may
+    # land in another step's figures than the responses they continued)
+    assert sum(s["perf/hf_engine/reprefills"] for s in steps.values()) > 0
+
+
 @pytest.mark.parametrize("override,needle", [
-    ("async_training.partial_rollout=true", "async_training.partial_rollout"),
+    ("async_training.partial_rollout=true actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+     "enable_rollout_routing_replay"),
     ("actor_rollout_ref.rollout.name=vllm", "rollout.name"),
     ("trainer.launcher=local", "trainer.launcher"),
     ("async_training.concurrent_samples_per_replica=0", "async_training.concurrent_samples_per_replica"),
@@ -76,7 +107,7 @@ def test_unsupported_settings_are_refused(monkeypatch, capsys, override, needle)
 
     monkeypatch.setenv("VERL_DEMO_DIR", demo_dir())
     monkeypatch.delenv("VERL_DEBUG", raising=False)
-    code = main([override])
+    code = main(override.split())
     err = capsys.readouterr().err
     assert code == 2, err[-3000:]
     assert needle in err

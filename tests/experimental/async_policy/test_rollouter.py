@@ -20,7 +20,7 @@ from verl.experimental.async_policy.schedule import Schedule, fully_async_schedu
 class FakePool:
     """A stand-in rollout pool with chunks in flight: a chunk takes ``gen_s`` from its submission (chunks in flight
     overlap, as in the engine's shared batch). It records installed versions, refuses weights while chunks are in
-    flight, and notes the version at each chunk's start and end (they must be equal)."""
+    flight unless told they may be (partial rollout), and notes the version at each chunk's start and end."""
 
     def __init__(self, load_s: float = 0.0, gen_s: float = 0.002, fail: bool = False):
         self.version = 0
@@ -31,14 +31,21 @@ class FakePool:
         self.most_in_flight = 0
         self.rng = itertools.count()
         self.ahead = []  # what each run of chunks in flight was told it could grow to
+        self.in_flight_at_install = []
 
-    def load_rollout_weights(self, weights, version):
+    def load_rollout_weights(self, weights, version, in_flight=False):
         with self.lock:
-            assert self.in_flight == 0, "new weights while chunks are in flight"
+            assert in_flight == (self.in_flight > 0), "in_flight must say whether chunks are in flight"
+            self.in_flight_at_install.append(self.in_flight)
         time.sleep(self.load_s)
         with self.lock:
             self.version = version
             self.installed.append(version)
+
+    def ready(self, handle, timeout):
+        left = handle.started + self.gen_s - time.perf_counter()
+        time.sleep(max(0.0, min(left, timeout)))
+        return left <= timeout
 
     def submit(self, batch_dict, ahead):
         with self.lock:
@@ -104,9 +111,9 @@ def test_fully_async_generation_per_version_is_bounded(threshold, trigger, gen_s
     sizes = []
     install = r._install_pending
 
-    def watched_install():  # the queue left over when new weights go in, and what that version then makes
+    def watched_install(**kw):  # the queue left over when new weights go in, and what that version then makes
         sizes.append(r.queue_size())
-        install()
+        install(**kw)
 
     r._install_pending = watched_install
     r.start()
@@ -226,3 +233,48 @@ def test_exclusive_waits_for_the_chunks_in_flight():
 def test_gen_batch_size_must_divide_a_step():
     with pytest.raises(ValueError, match="data.gen_batch_size=3"):
         fully_async_schedule(_cfg(gen=3))
+
+
+def _train_partial(rollouter: Rollouter, schedule: Schedule, steps: int, train_s: float) -> list[list[int]]:
+    """The trainer's loop with partial rollout: a chunk may end under newer weights than it started with."""
+    version, seen = 0, []
+    for step in range(1, steps + 1):
+        chunks, _ = rollouter.take(schedule.chunks_per_step)
+        for c in chunks:
+            assert c.batch["version"] == c.version <= c.batch["end_version"] <= version
+        seen.append([version - c.version for c in chunks])
+        time.sleep(train_s)
+        if step % schedule.trigger_parameter_sync_step == 0:
+            version += 1
+            rollouter.offer_weights([], version)
+    return seen
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_partial_rollout_installs_weights_without_draining(partial):
+    """A slow rollout (chunks in flight at every sync): without partial rollout each install waits for the chunks
+    in flight to finish (drained_at_sync); with it the weights go in while they decode (paused_at_sync), chunks
+    end under newer weights than they started with, and the staleness bound (counted from a chunk's oldest
+    version) still holds."""
+    schedule = fully_async_schedule(_cfg(staleness_threshold=1.0, gen=2))
+    pool = FakePool()
+    r = Rollouter(schedule, pool, iter(itertools.count()), lambda: {"consumed": 0}, depth=3, partial=partial,
+                  poll_s=0.005)
+    pool.gen_s = 0.06
+    r.start()
+    try:
+        seen = (_train_partial if partial else _train)(r, schedule, steps=6, train_s=0.001)
+        util = r.read_utilization()
+    finally:
+        r.stop()
+    assert max(max(a) for a in seen) <= 1
+    assert util["fully_async/rollouter/partial_rollout"] == float(partial)
+    assert util["fully_async/rollouter/syncs"] >= 1
+    if partial:
+        assert max(pool.in_flight_at_install) > 0  # weights went in with chunks in flight
+        assert util["fully_async/rollouter/paused_at_sync"] >= 1
+        assert util["fully_async/rollouter/drained_at_sync"] == 0
+    else:
+        assert pool.in_flight_at_install == [0] * len(pool.in_flight_at_install)
+        assert util["fully_async/rollouter/paused_at_sync"] == 0
+        assert util["fully_async/rollouter/drained_at_sync"] >= 1

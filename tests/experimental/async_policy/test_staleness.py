@@ -21,6 +21,19 @@ def test_staleness_reads_the_oldest_token_and_ignores_padding():
     assert st.sample_staleness(b, 3).tolist() == [0, 2, 0]
 
 
+def test_partial_metrics_read_each_responses_span_of_versions():
+    # row 0: one version; row 1: continued across two syncs (1 -> 3); row 2: across one (2 -> 3); row 3: empty
+    b = _batch([[2, 2, 0, 0], [1, 2, 3, 3], [2, 2, 3, 0], [0, 0, 0, 0]],
+               [[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0]])
+    m = st.partial_metrics(b, 3)
+    assert m["fully_async/partial/total_partial_num"] == 2 and m["fully_async/partial/partial_ratio"] == 0.5
+    assert m["fully_async/partial/max_partial_span"] == 2
+    assert (m["fully_async/weight_version/min"], m["fully_async/weight_version/max"]) == (1, 3)
+    # token ages: [1, 1], [2, 1, 0, 0], [1, 1, 0] -> 7 / 9
+    assert abs(m["fully_async/staleness/token_mean"] - 7 / 9) < 1e-12
+    assert st.sample_staleness(b, 3).tolist() == [1, 2, 1, 0]  # the bound counts a response's oldest token
+
+
 def test_distribution_metrics():
     m = st.staleness_metrics(torch.tensor([0, 0, 1, 5]))
     assert m["fully_async/staleness/mean"] == 1.5 and m["fully_async/staleness/max"] == 5

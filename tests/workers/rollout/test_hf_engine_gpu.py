@@ -206,3 +206,54 @@ def test_session_across_chunks_with_cuda_graphs_matches_each_chunk_alone():
     assert sum(st["capture_s"] for _, st in got) > 0  # graphs ran
     for (res, _), outs in zip(got, alone):
         assert [x.tokens for x in res] == [o[0].token_ids for o in outs]
+
+
+@cuda
+def test_session_partial_rollout_keeps_the_cuda_graphs_valid():
+    """Partial rollout under CUDA graphs (fp32): the session's thread captured the decode graphs, then pauses
+    between rounds; new weights are copied into the same parameter storage (load_hf_weights, in place) and the
+    live prefixes re-prefilled. A pause with the same weights keeps every token; with new weights each token's
+    log-prob equals a recompute under the version it carries (a graph reading stale weights would fail it)."""
+    import copy
+
+    from tests.workers.rollout.test_hf_engine_partial import run_paused
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+    from verl.workers.rollout.base import GenerationRequest, SamplingParams
+    from verl.workers.weight_sync.receive import load_hf_weights
+
+    def build(seed):
+        return build_tiny_qwen3_5(None, kind="dense", seed=seed, with_tokenizer=False, initializer_range=0.02,
+                                  **FUSED_DIMS).to("cuda", torch.float32)
+
+    old, new = build(0), build(1)
+    model = copy.deepcopy(old)
+    ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=24)
+    chunks = [[GenerationRequest(p) for p in _prompts(lengths, seed=s)]
+              for s, lengths in enumerate(([5, 17, 9], [30, 12, 3]))]
+    r = _rollout(model, max_num_seqs=4)
+    plain, _ = run_paused(r, chunks, params)
+    same, st_same = run_paused(r, chunks, params, at=(2, 4))
+    assert sum(st["capture_s"] for st in st_same) > 0 and sum(st["reprefills"] for st in st_same) > 0
+    assert [x.tokens for x in sum(same, [])] == [x.tokens for x in sum(plain, [])]
+
+    def install():
+        load_hf_weights(model, list(new.named_parameters()))
+
+    got, stats = run_paused(r, chunks, params, at=(2,), swaps=[install])
+    assert sum(st["capture_s"] for st in stats) > 0 and sum(st["reprefills"] for st in stats) > 0
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == ptrs  # copied in place
+    mixed = 0
+    for reqs, results in zip(chunks, got):
+        for req, res in zip(reqs, results):
+            ids = torch.tensor([list(req.prompt_token_ids) + res.tokens], device="cuda")
+            with torch.no_grad():
+                lp = [torch.log_softmax(m(input_ids=ids, use_cache=False).logits[0].float(), -1) for m in (old, new)]
+            version = [0] * len(res.tokens)
+            for start, v in res.versions:
+                version[start:] = [v] * (len(res.tokens) - start)
+            n0 = len(req.prompt_token_ids) - 1
+            ref = torch.stack([lp[v][n0 + t, tok] for t, (v, tok) in enumerate(zip(version, res.tokens))])
+            torch.testing.assert_close(torch.tensor(res.log_probs, device="cuda"), ref, rtol=0, atol=2e-4)
+            mixed += 0 in version and 1 in version
+    assert mixed

@@ -68,8 +68,16 @@ def _fully_async_problems(cfg: DictConfig) -> list[str]:
         if int(at[key]) < 1:
             problems.append(f"async_training.{key}={at[key]}: must be >= 1")
     if at.get("partial_rollout", False):
-        problems.append("async_training.partial_rollout=True: continuing a response across a weight update is not "
-                        "implemented; the rollouter installs new weights between generation chunks (set it to False)")
+        arr = cfg.actor_rollout_ref
+        mtp = arr.model.get("mtp") or {}
+        if mtp.get("enable", False) and mtp.get("enable_rollout", False):
+            problems.append("async_training.partial_rollout=True with actor_rollout_ref.model.mtp.enable_rollout=true: "
+                            "continuing speculative decoding across a weight update is not implemented (set one "
+                            "of them to false)")
+        if arr.rollout.get("enable_rollout_routing_replay", False):
+            problems.append("async_training.partial_rollout=True with "
+                            "actor_rollout_ref.rollout.enable_rollout_routing_replay=true: a response continued "
+                            "across a weight update would mix two versions' routes (set one of them to false)")
     if at.get("use_trainer_do_validate", False):
         problems.append("async_training.use_trainer_do_validate=True: validation runs on the rollout pool here "
                         "(between chunks, on the newest synced weights); set it to False")

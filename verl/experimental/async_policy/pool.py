@@ -4,7 +4,10 @@ With the built-in engine the pool keeps several chunks in flight (:mod:`verl.wor
 ``submit`` dispatches the chunk's prompts over the data-parallel ranks the way ``generate_sequences`` is
 dispatched and returns at once; ``collect`` gathers the chunk back and scores it on the controller. How many
 chunks may be in flight is :func:`pipeline_depth`'s business. A pool that cannot pipeline (another rollout, an
-agent loop, ranks sharing one engine) generates at ``collect`` time, one chunk per call, as before.
+agent loop, ranks sharing one engine) generates at ``collect`` time, one chunk per call, as before. With
+``async_training.partial_rollout`` the pool keeps a session even at depth 1, so that weights can go in while a
+chunk is in flight (``load_rollout_weights(..., in_flight=True)``), and ``ready`` lets the rollouter poll rather
+than block in a collect.
 
 The rollout ranks draw each chunk's sampling seed from their global RNG when the chunk starts, so the RNG state
 a chunk carries (a checkpoint's part) is read right after its submit: the state after that chunk, whatever was
@@ -54,21 +57,29 @@ class InFlight:
 
 class RolloutPool:
     """``trainer``: the :class:`~.trainer.AsyncPPOTrainer` (its rollout worker group, batch preparation and
-    scoring); ``depth``: chunks kept in flight (1: generate at collect)."""
+    scoring); ``depth``: chunks kept in flight; ``session``: submit to the workers' decode sessions (default: when
+    ``depth`` > 1; otherwise generate at collect)."""
 
-    def __init__(self, trainer, depth: int):
+    def __init__(self, trainer, depth: int, session: Optional[bool] = None):
         self.trainer = trainer
         self.wg = trainer.rollout_wg
         self.depth = int(depth)
+        self.session = self.depth > 1 if session is None else bool(session)
         self._tags = itertools.count()
 
-    def load_rollout_weights(self, weights: list, version: int) -> None:
-        self.wg.load_rollout_weights(weights, version)
+    def load_rollout_weights(self, weights: list, version: int, in_flight: bool = False) -> None:
+        self.wg.load_rollout_weights(weights, version, in_flight)
+
+    def ready(self, job: "InFlight", timeout: float) -> bool:
+        """Whether the chunk is done on every rank (waiting up to ``timeout`` seconds on each)."""
+        if job.batch_dict is not None:
+            return True
+        return all(self.wg.generation_ready(job.tag, timeout))
 
     def submit(self, batch_dict: dict, ahead: int) -> InFlight:
         """Start the chunk; ``ahead``: the most chunks that will be in flight together (sizes a new session's
         slots: a chunk's sequences times ``ahead``)."""
-        if self.depth == 1:
+        if not self.session:
             return InFlight(batch_dict)
         batch, gen = self.trainer._generation_inputs(batch_dict)
         padded, pad = pad_dataproto_to_divisor(gen, self.trainer._dp_size(self.wg.submit_generation))

@@ -1,7 +1,10 @@
 """Staleness of the samples a trainer step consumes, and the off-policy correction applied by default.
 
 A sample's staleness is the trainer's parameter version (weight syncs done) minus the oldest version among its
-response tokens (``rollout_weight_version``, stamped per token by the rollout pool; padding is masked out).
+response tokens (``rollout_weight_version``, stamped per token by the rollout pool; padding is masked out). With
+partial rollout a response may span versions (it went on across a weight sync): its oldest version is the one
+the staleness bound and the metrics count, and :func:`partial_metrics` reports the spans (upstream's
+``fully_async/partial/*``) and the token-level staleness.
 """
 
 from __future__ import annotations
@@ -18,15 +21,40 @@ VERSION_KEY = "rollout_weight_version"
 HIST_BINS = 4  # frac_0 .. frac_3 and frac_ge4: the distribution, with a tail bin
 
 
-def sample_staleness(batch: DataProto, param_version: int) -> torch.Tensor:
-    """Per-sample staleness (long, >= 0)."""
+def version_range(batch: DataProto, param_version: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample, the oldest and the newest version among its response tokens (a response with no tokens
+    carries no version: ``param_version``, i.e. fresh)."""
     versions = batch.batch[VERSION_KEY]
     mask = batch.batch["response_mask"].bool()
     big = torch.iinfo(versions.dtype).max
     oldest = torch.where(mask, versions, torch.full_like(versions, big)).min(dim=-1).values
-    # A response with no tokens carries no version: count it as fresh.
-    oldest = torch.where(oldest == big, torch.full_like(oldest, param_version), oldest)
+    newest = torch.where(mask, versions, torch.full_like(versions, -1)).max(dim=-1).values
+    empty = ~mask.any(dim=-1)
+    fresh = torch.full_like(oldest, param_version)
+    return torch.where(empty, fresh, oldest), torch.where(empty, fresh, newest)
+
+
+def sample_staleness(batch: DataProto, param_version: int) -> torch.Tensor:
+    """Per-sample staleness (long, >= 0), counted from the sample's oldest token."""
+    oldest, _ = version_range(batch, param_version)
     return (param_version - oldest).clamp(min=0)
+
+
+def partial_metrics(batch: DataProto, param_version: int) -> dict[str, float]:
+    """Responses that span weight versions (partial rollout) and the token-level staleness: upstream's
+    ``fully_async/partial/{total_partial_num, partial_ratio, max_partial_span}`` (span: newest minus oldest
+    version of a response), ``fully_async/weight_version/{min,max}`` over the step's response tokens, and
+    ``fully_async/staleness/token_mean`` (the trainer's version minus each response token's, averaged)."""
+    oldest, newest = version_range(batch, param_version)
+    span = newest - oldest
+    mask = batch.batch["response_mask"].bool()
+    ages = (param_version - batch.batch[VERSION_KEY]).clamp(min=0)[mask].double()
+    return {"fully_async/partial/total_partial_num": float((span > 0).sum()),
+            "fully_async/partial/partial_ratio": (span > 0).double().mean().item(),
+            "fully_async/partial/max_partial_span": float(span.max()),
+            "fully_async/weight_version/min": float(oldest.min()),
+            "fully_async/weight_version/max": float(newest.max()),
+            "fully_async/staleness/token_mean": ages.mean().item() if ages.numel() else 0.0}
 
 
 def staleness_metrics(staleness: torch.Tensor) -> dict[str, float]:

@@ -7,12 +7,15 @@ weights move, which correction stale samples get, and what a checkpoint holds.
 
 Checkpoints hold the trainer's state exactly (actor and optimizer, step, parameter version, the prompt
 position of the last chunk *consumed*, and the rollout pool's sampling RNG right after generating it). The
-queue's contents and the chunk in flight are **dropped**: a resumed run regenerates those prompts with the
-resumed weights, so with ``staleness_threshold=0`` a resumed run continues exactly like an uninterrupted one.
+queue's contents and the chunks in flight are **dropped**, partial responses included (with
+``async_training.partial_rollout`` a response in flight may already hold tokens of several versions; none of it
+is kept): a resumed run regenerates those prompts from scratch with the resumed weights, so with
+``staleness_threshold=0`` a resumed run continues exactly like an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 from verl.protocol import DataProto
@@ -23,13 +26,16 @@ from .pool import RolloutPool, pipeline_depth
 from .rollouter import Rollouter
 from .schedule import Schedule
 
+logger = logging.getLogger(__name__)
+
 QUEUE_POLICY = "dropped"  # what a checkpoint keeps of the queue (see the module docstring)
 
 # The decode engine's counts over disjoint stretches of its work (each chunk's collect reports the stretch since
 # the previous one): a step's figures are their sums, so 1 - slot_steps / (decode_steps x slots) stays the share
 # of idle decode slots over the step; everything else combines as the synchronous trainer's ranks do.
 _SUMMED = tuple(f"perf/hf_engine/{k}" for k in ("decode_steps", "slot_steps", "prefills", "prefill_tokens",
-                                                  "prefill_s", "capture_s", "warmup_s"))
+                                                  "prefill_s", "capture_s", "warmup_s", "pauses", "paused_s",
+                                                  "reprefills", "reprefill_tokens", "reprefill_s"))
 
 
 def combine_chunk_metrics(per_chunk: list[dict]) -> dict:
@@ -80,9 +86,18 @@ class AsyncPPOTrainer(RayPPOTrainer):
             self.rollout_wg.set_rollout_rng_state(self._consumed_rng)
 
     def _start_steps(self) -> None:
-        depth = pipeline_depth(self.config, self.schedule, all(self.rollout_wg.rollout_pipelining()))
-        self.rollouter = Rollouter(self.schedule, RolloutPool(self, depth), self._batch_stream(),
-                                   self.train_dataloader.state_dict, version=self.param_version, depth=depth)
+        pipelining = all(self.rollout_wg.rollout_pipelining())
+        depth = pipeline_depth(self.config, self.schedule, pipelining)
+        # Partial rollout (weights installed with chunks in flight) needs the workers' decode sessions; a pool
+        # that cannot pipeline drains at each sync as without it.
+        wanted = bool((self.config.get("async_training") or {}).get("partial_rollout", False))
+        partial = wanted and pipelining
+        if wanted and not partial:
+            logger.warning("async_training.partial_rollout: this rollout pool cannot keep a decode session open "
+                           "(no decode runner for this model); weights go in between chunks instead")
+        pool = RolloutPool(self, depth, session=pipelining and (depth > 1 or partial))
+        self.rollouter = Rollouter(self.schedule, pool, self._batch_stream(), self.train_dataloader.state_dict,
+                                   version=self.param_version, depth=depth, partial=partial)
         self.rollouter.start()
 
     def _end_steps(self) -> None:
@@ -110,6 +125,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
             metrics.update(combine_chunk_metrics([c.metrics for c in chunks]))
             ages = st.sample_staleness(batch, self.param_version)
             metrics.update(st.staleness_metrics(ages))
+            metrics.update(st.partial_metrics(batch, self.param_version))
             self._stale_batch = bool((ages > 0).any())
             self._stale_samples_processed += int((ages > 0).sum())
             with marked_timer("train", timing):
@@ -129,8 +145,6 @@ class AsyncPPOTrainer(RayPPOTrainer):
             "fully_async/count/stale_samples_processed": self._stale_samples_processed,
             "fully_async/count/total_generated_samples": self.rollouter.total_generated_samples,
             "fully_async/queue_size": self.rollouter.queue_size(),
-            "fully_async/weight_version/min": min(c.version for c in chunks),
-            "fully_async/weight_version/max": max(c.version for c in chunks),
             "static/staleness_threshold": self.schedule.staleness_threshold,
         })
         return self._step_metrics(batch, timing, metrics)

@@ -8,8 +8,12 @@ session and returns at once (the session's thread decodes it, sharing slots with
 of an actor at a time, so the controller submits chunk k+1 before it collects chunk k.
 
 The session opens at the first submit and closes when its last chunk is collected (it holds the module's
-gathered weights and the slot cache). Weights must not change while it is open: the caller collects everything
-before installing new ones, and :meth:`ChunkPipeline.pending` lets the worker refuse otherwise.
+gathered weights and the slot cache). Weights change while it is open only through :meth:`ChunkPipeline.swap_weights`
+(``async_training.partial_rollout``): the session pauses between decode steps, the caller's install copies the
+new weights in place, and the live sequences go on with them (their prefixes re-prefilled). Every response token
+is stamped with the weight version it was sampled with (``rollout_weight_version``); without partial rollout the
+caller collects everything before installing weights, and :meth:`ChunkPipeline.pending` lets the worker refuse
+otherwise.
 
 Each chunk draws its sampling seed from the worker's global RNG at submit, as ``generate_sequences`` would at
 its start: chunks consume the RNG in submission order, so the RNG state read right after a submit is the state
@@ -21,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
+
+import torch
 
 from verl.protocol import DataProto
 from verl.workers.rollout.batching import outputs_to_batch, requests_from_batch, sampling_params_from_config
@@ -46,22 +52,44 @@ class ChunkPipeline:
     def pending(self) -> int:
         return len(self._chunks)
 
-    def submit(self, tag: Hashable, prompts: DataProto, depth: int) -> None:
+    def submit(self, tag: Hashable, prompts: DataProto, depth: int, version: int = 0) -> None:
+        """Start chunk ``tag``; ``version``: the weight version held now (the session's, once it is open)."""
         from verl.workers.rollout.hf_engine.entry import build_sequences, draw_seed
 
         if tag in self._chunks:
             raise ValueError(f"chunk {tag!r} is already in flight")
+        if self._session is not None and self._session.version != version:
+            raise RuntimeError(f"weight version {version} while the session decodes version {self._session.version}: "
+                               "weights change mid-session only through swap_weights")
         params = sampling_params_from_config(self.cfg, prompts.meta_info, self.eos_ids)
         params = dataclasses.replace(params, seed=draw_seed(params))
         requests = requests_from_batch(prompts)
         module_config = self.rollout.module.config
         seqs, owner = build_sequences(requests, params, module_config, params.seed)
         if self._session is None:
-            self._open(params, seqs, depth)
+            self._open(params, seqs, depth, version)
         elif dataclasses.replace(params, seed=None) != self._params:
             raise ValueError("a chunk with other sampling settings than the chunks in flight: collect those first")
         self._session.submit(tag, seqs)
         self._chunks[tag] = (prompts, params, owner, len(requests))
+
+    def ready(self, tag: Hashable, timeout: float = 0.0) -> bool:
+        """Whether chunk ``tag`` is done (waiting up to ``timeout`` seconds): its collect will not block."""
+        if tag not in self._chunks:
+            raise KeyError(f"chunk {tag!r} is not in flight")
+        return self._session.ready(tag, timeout)
+
+    def swap_weights(self, install: Callable[[], None], version: int) -> None:
+        """Run ``install`` (new weights copied in place) with the session paused between decode steps, then go on
+        as weight version ``version``. Without an open session, ``install`` just runs."""
+        if self._session is None:
+            install()
+            return
+        self._session.pause()
+        try:
+            install()
+        finally:
+            self._session.resume(version)
 
     def collect(self, tag: Hashable) -> DataProto:
         from verl.workers.rollout.hf_engine.entry import engine_outputs
@@ -79,9 +107,15 @@ class ChunkPipeline:
         if not self._chunks:
             self._close()
         outputs = engine_outputs(results, owner, n_requests, params)
-        return outputs_to_batch(prompts, outputs, params.max_tokens, self.pad_token_id, with_logprobs=params.logprobs)
+        out = outputs_to_batch(prompts, outputs, params.max_tokens, self.pad_token_id, with_logprobs=params.logprobs)
+        first = {}
+        for res, row in zip(results, owner):  # a row's response is its first sample (one per request here)
+            first.setdefault(row, res.versions)
+        out.batch["rollout_weight_version"] = token_versions([first[r] for r in range(n_requests)],
+                                                             out.batch["response_mask"])
+        return out
 
-    def _open(self, params, seqs, depth: int) -> None:
+    def _open(self, params, seqs, depth: int, version: int) -> None:
         from verl.workers.rollout.hf_engine.entry import engine_options, open_engine
         from verl.workers.rollout.hf_engine.session import EngineSession
 
@@ -94,7 +128,7 @@ class ChunkPipeline:
         stack = contextlib.ExitStack()
         try:
             engine = stack.enter_context(open_engine(self.rollout, params))
-            self._session = EngineSession(engine, capacity, prompt + max_new, max_new)
+            self._session = EngineSession(engine, capacity, prompt + max_new, max_new, version=version)
         except BaseException:
             stack.close()
             raise
@@ -109,3 +143,13 @@ class ChunkPipeline:
         finally:
             if stack is not None:
                 stack.close()
+
+
+def token_versions(spans: list, mask: torch.Tensor) -> torch.Tensor:
+    """Per response token, the weight version it was sampled with (0 on padding): row ``r``'s tokens from
+    ``start`` on carry ``version`` for each ``(start, version)`` of ``spans[r]``."""
+    out = torch.zeros(mask.shape, dtype=torch.long)
+    for r, row in enumerate(spans):
+        for start, version in row or []:
+            out[r, start:] = version
+    return out * mask.long()

@@ -49,6 +49,9 @@ class SeqResult:
     routes: Optional[torch.Tensor] = None
     # speculative decoding: (draft tokens proposed, accepted, verification steps) of this sequence
     spec: Optional[tuple[int, int, int]] = None
+    # [(first token, weight version)]: the weights each stretch of tokens was sampled with (a session sets it;
+    # one entry unless the weights changed while the sequence ran, see EngineSession.resume)
+    versions: Optional[list[tuple[int, int]]] = None
 
 
 @dataclass
@@ -346,6 +349,45 @@ class DecodeEngine:
         st["prefill_s"] += time.perf_counter() - t0
         st["prefills"] += 1
         st["prefill_tokens"] += sum(len(p.ids) for p in prompts)
+
+    def reprefill(self, seqs, running: list[int]) -> list[int]:
+        """After the weights changed in place mid-generation: run each live sequence's prompt and the tokens it has
+        fed so far through the new weights again, into its own slot (attention keys/values, Gated DeltaNet conv
+        and recurrent states), so every later token is sampled from the new policy given the whole prefix
+        (upstream's abort + resubmit does the same: vLLM re-prefills the prefix). Keeping the old prefix state
+        instead would cost nothing, but the tokens after the update would come from neither policy, and their
+        recorded log-probs would match no recompute. The last sampled token (the next step's input) is kept, not
+        drawn again: the prefill's logits are dropped. Returns the tokens each slot had sampled (the old
+        weights' share)."""
+        c = self.cache
+        if c.spec is not None or c.routes is not None:
+            raise NotImplementedError("continuing sequences across a weight update (async_training.partial_rollout) "
+                                      "with speculative decoding or recorded MoE routes is not implemented")
+        b = len(running)
+        if not b:
+            return []
+        t0 = time.perf_counter()
+        steps, toks = c.steps[:b].tolist(), c.out_tokens[:b].tolist()
+        group: list[PrefillSeq] = []
+        slots: list[list[int]] = []
+        total = 0
+        for slot, i in enumerate(running):
+            prompt = seqs[i].prompt
+            fed = PrefillSeq(list(prompt.ids) + toks[slot][: steps[slot] - 1], prompt.mm)  # = cache.lengths[slot]
+            if group and sum(len(g.ids) for g in group) + len(fed.ids) > self.opt.prefill_tokens:
+                self.runner.prefill(c, group, slots)
+                group, slots = [], []
+            group.append(fed)
+            slots.append([slot])
+            total += len(fed.ids)
+        self.runner.prefill(c, group, slots)
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
+        st = self.opt.stats
+        st["reprefills"] = st.get("reprefills", 0) + b
+        st["reprefill_tokens"] = st.get("reprefill_tokens", 0) + total
+        st["reprefill_s"] = st.get("reprefill_s", 0.0) + time.perf_counter() - t0
+        return steps
 
     def _retire(self, seqs, running: list[int], done: list[bool], results: list) -> None:
         c = self.cache
