@@ -231,6 +231,13 @@ def main(argv=None) -> int:
         if steps:
             results[mode] = summarize(steps, args.prompts, args.n)
     report(args, results)
+    out = os.environ.get("OUT")  # the device machine's folder that comes back: every step's metrics, not just the table
+    if out:
+        import shutil
+
+        for mode in results:
+            if (work / f"{mode}.jsonl").exists():
+                shutil.copy(work / f"{mode}.jsonl", Path(out) / f"async_{args.shape}_{mode}.jsonl")
     print(f"[async] {'FAILED: ' + ', '.join(failed) if failed else 'OK'}", flush=True)
     return 1 if failed else 0
 
