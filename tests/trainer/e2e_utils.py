@@ -18,9 +18,24 @@ def demo_dir() -> str:
     return d
 
 
+def _one_rank(overrides: list[str]) -> bool:
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key in ("trainer.n_gpus_per_node", "trainer.nnodes") and value.strip() not in ("1", ""):
+            return False
+    return True
+
+
 def run_main_ppo(workdir: Path, overrides: list[str], config_name: str | None = "demo", timeout: int = 900,
                  check: bool = True, env_extra: dict | None = None):
-    """Returns (completed process, list of {"step", "data"} records from the file logger)."""
+    """Returns (completed process, list of {"step", "data"} records from the file logger).
+
+    A one-rank run without its own ``trainer.launcher`` runs in-process (``trainer.launcher=local``): the
+    workers, trainer and engines are the same, and starting a Ray node costs ~15 s per launch, most of these
+    tests' time. The Ray path itself is covered by the runs that ask for it (the README demo, several ranks,
+    multi-node, a killed worker, the async pools)."""
+    if _one_rank(overrides) and not any(o.lstrip("+").startswith("trainer.launcher=") for o in overrides):
+        overrides = [*overrides, "trainer.launcher=local"]
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "metrics.jsonl"
     env = dict(os.environ)
