@@ -49,6 +49,7 @@ def _engine(model_config: dict, role: str = "actor") -> MegatronEngine:
     e._prefix = "critic.megatron" if role == "critic" else "actor_rollout_ref.actor.megatron"
     e._model_dir = None
     e.processing_class = None
+    e.router_replay_mode = "disabled"
     return e
 
 
