@@ -102,8 +102,6 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
         pytest.skip("tp 2 x ep 2 needs 4 ranks")  # kept in CASES to document the layout; 2 GPUs run the rest
     if DEVICE == "cpu" and sp:
         pytest.skip("sequence parallelism needs CUDA RNG state")
-    import torch.multiprocessing as tmp
-
     import mcore_parity as mp
     from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
@@ -112,16 +110,7 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
                                **({"tie_word_embeddings": False} if kind == "moe" else {}))
     _realistic_decays(model)
     model.save_pretrained(path)
-    out_file = os.path.join(path, "result.pt")
-    ctx = tmp.get_context("spawn")
-    port = 29600 + os.getpid() % 300
-    procs = [ctx.Process(target=_worker, args=(r, path, tp, ep, sp, out_file, port)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    log_probs, grads = torch.load(out_file)
+    log_probs, grads = _spawn(2, 29600, lambda rank, out, port: (rank, path, tp, ep, sp, out, port), _worker, path)
 
     seqs, ids, _, cu, _ = mp.packed_batch(LENGTHS, 30, 120, "cpu")
     labels = torch.roll(ids, -1, 1)[0]
@@ -262,8 +251,6 @@ def test_mcore_context_parallel_matches_hf(kind, recompute, tp):
         pytest.skip("megatron-core's MoE layer needs CUDA")
     if DEVICE == "cuda" and torch.cuda.device_count() < 2 * tp:
         pytest.skip(f"needs {2 * tp} GPUs")
-    import torch.multiprocessing as tmp
-
     import mcore_parity as mp
     from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
@@ -272,16 +259,8 @@ def test_mcore_context_parallel_matches_hf(kind, recompute, tp):
     if tp > 1:  # megatron-core's config rule for Gated DeltaNet: key and value heads divisible by TP x CP
         extra.update(linear_num_key_heads=4, linear_num_value_heads=8)
     build_tiny_qwen3_5(path, kind=kind, seed=3, with_tokenizer=False, **extra)
-    out_file = os.path.join(path, "result.pt")
-    ctx = tmp.get_context("spawn")
-    port = 29300 + os.getpid() % 300
-    procs = [ctx.Process(target=_cp_worker, args=(r, path, out_file, port, recompute, tp)) for r in range(2 * tp)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    log_probs, grads = torch.load(out_file)
+    log_probs, grads = _spawn(2 * tp, 29300, lambda rank, out, port: (rank, path, out, port, recompute, tp),
+                              _cp_worker, path)
     seqs, ids, _, cu, _ = mp.packed_batch(LENGTHS, 30, 120, "cpu")
     labels = torch.roll(ids, -1, 1)[0]
     ref_lp, _ = _hf_reference(path, seqs, labels, cu.tolist(), DEVICE, torch.float32, torch_gdn=DEVICE == "cpu")
@@ -306,6 +285,23 @@ def test_mcore_context_parallel_matches_hf(kind, recompute, tp):
     assert worst_lp <= 1e-4
     assert total <= 1e-3
     assert worst[1] <= (5e-2 if DEVICE == "cuda" else 1e-2)
+
+
+def _spawn(nranks, base_port, args_of, target, path):
+    """Run ``target(*args_of(rank, result_file, port))`` on ``nranks`` spawned processes; rank 0's saved
+    (log-probs, HF-named gradients)."""
+    import torch.multiprocessing as tmp
+
+    out_file = os.path.join(path, "result.pt")
+    ctx = tmp.get_context("spawn")
+    port = base_port + os.getpid() % 300
+    procs = [ctx.Process(target=target, args=args_of(r, out_file, port)) for r in range(nranks)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return torch.load(out_file)
 
 
 def _rel(a, b):
