@@ -217,3 +217,73 @@ def test_cp_math_matches_unsharded(world):
         for rank in range(world):
             status = open(os.path.join(tmp, f"rank{rank}")).read()
             assert status == "ok", f"rank {rank}: {status}"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The same relay on CUDA, where the delta rule is fla's chunk kernel (its initial-state and final-state gradients
+# carry the relay): 2 GPUs, NCCL. fla computes in fp32 with tf32-class products, so it is held to a relative L2
+# bound instead of the CPU test's elementwise one, and the figures are printed.
+# ------------------------------------------------------------------------------------------------------------------
+
+GPU_LENGTHS = [300, 1, 900, 64, 517]  # several fla chunks (64 tokens) per CP chunk, and one-token sequences
+
+
+def _rel_l2(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _gpu_delta_rule_worker(rank, world, init_file, result_dir):
+    from verl.models.qwen3_5.gated_deltanet import gated_delta_rule
+    from verl.models.qwen3_5.gated_deltanet_cp import cp_gated_delta_rule
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    status = "ok"
+    try:
+        dev = torch.device("cuda", rank)
+        bounds = _bounds(world, GPU_LENGTHS)
+        t, heads, dim = bounds[-1], 4, 64
+        gen = torch.Generator().manual_seed(0)
+        r = lambda *s: torch.randn(*s, generator=gen).to(dev)  # noqa: E731
+        # per-token log-decays of a few tenths (a trained model's range: the state lives over many tokens)
+        data = dict(q=r(1, t, heads, dim), k=r(1, t, heads, dim), v=r(1, t, heads, dim),
+                    g=(-torch.rand(1, t, heads, generator=gen) * 0.5).to(dev),
+                    beta=torch.rand(1, t, heads, generator=gen).to(dev))
+        weight = r(1, t, heads, dim)
+        cu = torch.tensor(bounds, dtype=torch.int32, device=dev)
+        full = [_leaf(x) for x in data.values()]
+        ref = gated_delta_rule(*full, cu_seqlens=cu, use_qk_l2norm=True)
+        (ref * weight).sum().backward()
+        shard = CPShard.build(cu, world, rank)
+        local = [_leaf(shard.shard(x, 1)) for x in data.values()]
+        got = gather_to_full(cp_gated_delta_rule(*local, shard, None), shard, None, dim=1)
+        (got * weight).sum().backward()
+        report = {"out": _rel_l2(got.detach(), ref.detach())}
+        for name, loc, glob in zip(data, local, full):
+            report[f"d{name}"] = _rel_l2(loc.grad, shard.shard(glob.grad, 1))
+        print(f"[cp delta rule, cuda, rank {rank}] relative L2 vs unsharded: "
+              + ", ".join(f"{k} {v:.2e}" for k, v in report.items()), flush=True)
+        bad = {k: v for k, v in report.items() if v > 5e-3}
+        if bad:
+            status = f"relative L2 above 5e-3: {bad}"
+    except Exception as exc:
+        import traceback
+
+        status = f"{exc!r}\n{traceback.format_exc()}"
+    finally:
+        with open(os.path.join(result_dir, f"rank{rank}"), "w") as f:
+            f.write(status)
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_cp_delta_rule_on_cuda_matches_unsharded():
+    pytest.importorskip("fla")
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_gpu_delta_rule_worker, args=(2, os.path.join(tmp, "init"), tmp), nprocs=2, join=True)
+        for rank in range(2):
+            status = open(os.path.join(tmp, f"rank{rank}")).read()
+            assert status == "ok", f"rank {rank}: {status}"
