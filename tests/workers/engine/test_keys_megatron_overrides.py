@@ -68,15 +68,70 @@ def test_plus_on_the_refs_inherited_mapping_replaces_it_as_hydra_does():
 
 @pytest.mark.parametrize("prefix", [A, R, C])
 def test_unknown_transformer_field_is_refused_by_name(prefix):
-    cfg = _cfg(f"+{prefix}.override_transformer_config.use_flash_attn=True",
+    cfg = _cfg(f"+{prefix}.override_transformer_config.use_triton_gdn=True",
                f"+{prefix}.override_transformer_config.recompute_granularty=full")
     problems = megatron_problems(cfg)
-    assert any(f"{prefix}.override_transformer_config.use_flash_attn" in p and "attention_backend" in p
-               for p in problems)
+    assert any(f"{prefix}.override_transformer_config.use_triton_gdn" in p and "MindSpeed" in p for p in problems)
     assert any(f"{prefix}.override_transformer_config.recompute_granularty" in p and "recompute_granularity" in p
                for p in problems)
-    with pytest.raises(ValueError, match=f"{prefix}.override_transformer_config.use_flash_attn"):
+    with pytest.raises(ValueError, match=f"{prefix}.override_transformer_config.use_triton_gdn"):
         _settings(cfg, prefix)  # the engine refuses it too
+
+
+@pytest.mark.parametrize("prefix", [A, R, C])
+def test_mindspeed_keys_of_upstreams_qwen3_5_scripts_reach_the_model(prefix, tiny_qwen35):
+    """use_naive_l2norm / use_flash_attn are not megatron-core fields; upstream's Qwen3.5 Megatron scripts set both.
+    They pass validation and arrive on the config the model reads (megatron-core keeps them off its dataclass)."""
+    from verl.models.mcore import registry
+    from verl.models.mcore.config_converter import EXTRA_MODEL_KEYS
+
+    cfg = _cfg(f"+{prefix}.override_transformer_config.use_naive_l2norm=True",
+               f"+{prefix}.override_transformer_config.use_flash_attn=True")
+    assert not [p for p in megatron_problems(cfg) if "override_transformer_config" in p]
+    overrides = _settings(cfg, prefix).override_transformer_config
+    kwargs = registry.transformer_config_kwargs(tiny_qwen35, None, **overrides)
+    assert kwargs["use_naive_l2norm"] is True and kwargs["use_flash_attn"] is True
+    assert {"use_naive_l2norm", "use_flash_attn"} <= set(EXTRA_MODEL_KEYS)
+    assert not {"use_naive_l2norm", "use_flash_attn"} & config_fields(TRANSFORMER_CONFIG)
+
+
+def test_naive_l2norm_moves_the_norm_out_of_the_kernel():
+    import torch
+
+    from verl.models.qwen3_5.gated_deltanet import gated_delta_rule, prenormalize_qk
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 40, 2, 16, generator=g) for _ in range(3))
+    gl, beta = -torch.rand(1, 40, 2, generator=g) * 0.5, torch.rand(1, 40, 2, generator=g)
+    fused = prenormalize_qk(q, k, naive=False)
+    assert fused[2] is True and fused[0] is q and fused[1] is k  # the kernel normalises
+    qn, kn, in_kernel = prenormalize_qk(q, k, naive=True)
+    assert in_kernel is False
+    torch.testing.assert_close(qn.norm(dim=-1), torch.ones(1, 40, 2), atol=1e-5, rtol=0)
+    assert not torch.allclose(qn, q)
+    # the same delta rule either way, to rounding
+    torch.testing.assert_close(gated_delta_rule(qn, kn, v, gl, beta, use_qk_l2norm=False),
+                               gated_delta_rule(q, k, v, gl, beta, use_qk_l2norm=True), atol=1e-5, rtol=1e-5)
+
+
+def test_inert_mindspeed_keys_are_said_not_silent(caplog, tiny_qwen35):
+    import logging
+
+    import transformers as tf
+
+    from verl.workers.engine.megatron.engine import _warn_inert_extras
+
+    with caplog.at_level(logging.WARNING):
+        _warn_inert_extras({"use_naive_l2norm": True}, tiny_qwen35, A)
+    assert not caplog.records  # Qwen3.5 has Gated DeltaNet layers: the key applies
+    with caplog.at_level(logging.WARNING):
+        _warn_inert_extras({"use_flash_attn": True}, tiny_qwen35, A)
+        _warn_inert_extras({"use_naive_l2norm": True}, tf.Qwen3Config(num_hidden_layers=1, hidden_size=32,
+                                                                       num_attention_heads=2, intermediate_size=64,
+                                                                       vocab_size=64), A)
+    text = caplog.text
+    assert f"{A}.override_transformer_config.use_flash_attn=true changes nothing" in text
+    assert "use_naive_l2norm=true changes nothing for Qwen3Config" in text
 
 
 @pytest.mark.parametrize("prefix", [A, C])

@@ -16,6 +16,9 @@ MEGATRON_KEY_PREFIX = "actor_rollout_ref.actor.megatron"
 
 # Keys the model reads that megatron-core keeps outside TransformerConfig.
 _MODEL_LEVEL_KEYS = ("rotary_percent", "rotary_base")
+# MindSpeed names of upstream's Qwen3.5 scripts this project applies (verl/workers/engine/megatron/config_fields.py:
+# APPLIED_EXTRAS says what each does); kept on the config object like the model-level keys.
+EXTRA_MODEL_KEYS = ("use_naive_l2norm", "use_flash_attn")
 
 
 def is_moe(hf_config) -> bool:
@@ -44,7 +47,7 @@ def build_transformer_config(kwargs: dict):
     # Rotary settings are model-level in megatron-core (GPTModel arguments), not TransformerConfig fields: keep
     # them on the config object so the model reads one place.
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-    model_level = {k: kwargs.pop(k) for k in _MODEL_LEVEL_KEYS if k in kwargs and k not in fields}
+    model_level = {k: kwargs.pop(k) for k in (*_MODEL_LEVEL_KEYS, *EXTRA_MODEL_KEYS) if k in kwargs and k not in fields}
     unknown = sorted(k for k in kwargs if k not in fields)
     if unknown:
         raise ValueError(f"{MEGATRON_KEY_PREFIX}.override_transformer_config: {unknown} are not megatron-core "

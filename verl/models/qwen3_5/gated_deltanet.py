@@ -133,6 +133,15 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
 
 
+def prenormalize_qk(q: torch.Tensor, k: torch.Tensor, naive: bool):
+    """(q, k, use_qk_l2norm for the kernel). ``naive`` (MindSpeed's ``use_naive_l2norm``, a Megatron
+    override_transformer_config key of upstream's Qwen3.5 scripts): the L2 norm runs here in plain fp32 torch and
+    the kernel gets unit-norm q/k; otherwise the kernel normalises them itself (fla's fused norm on CUDA)."""
+    if not naive:
+        return q, k, True
+    return l2_normalize(q.float()).to(q.dtype), l2_normalize(k.float()).to(k.dtype), False
+
+
 def recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None):
     """Token-by-token reference, (B, T, H, K/V) layout. Slow; only used to validate the chunked form."""
     b, t, h, dk = k.shape

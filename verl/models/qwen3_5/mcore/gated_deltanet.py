@@ -28,7 +28,7 @@ from verl.models.qwen3_5.mcore.common import (
     tp_group_of,
     tp_shared_weight,
 )
-from verl.models.qwen3_5.gated_deltanet import causal_conv1d, gated_delta_rule
+from verl.models.qwen3_5.gated_deltanet import causal_conv1d, gated_delta_rule, prenormalize_qk
 from verl.models.qwen3_5.gated_deltanet_cp import cp_causal_conv1d, cp_gated_delta_rule
 
 
@@ -46,6 +46,7 @@ class Qwen35GatedDeltaNet(MegatronModule):
         self.n_k, self.n_v = c.linear_num_key_heads // tp, c.linear_num_value_heads // tp
         self.d_k, self.d_v = c.linear_key_head_dim, c.linear_value_head_dim
         self.eps = c.layernorm_epsilon
+        self.naive_l2norm = bool(getattr(c, "use_naive_l2norm", False))
         self.kernel = c.linear_conv_kernel_dim
         key_dim, value_dim = c.linear_num_key_heads * self.d_k, c.linear_num_value_heads * self.d_v
         self.sections = [self.n_k * self.d_k, self.n_k * self.d_k, self.n_v * self.d_v, self.n_v * self.d_v,
@@ -139,10 +140,11 @@ class Qwen35GatedDeltaNet(MegatronModule):
         beta = beta.sigmoid()
         # log-decay in fp32: exp(A_log) overflows half precision
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        q, k, in_kernel = prenormalize_qk(q, k, self.naive_l2norm)
         if shard is not None:
-            core = cp_gated_delta_rule(q, k, v, g, beta, shard, self.cp_group, use_qk_l2norm=True)
+            core = cp_gated_delta_rule(q, k, v, g, beta, shard, self.cp_group, use_qk_l2norm=in_kernel)
         else:
-            core = gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, max_seqlen=max_len, use_qk_l2norm=True)
+            core = gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, max_seqlen=max_len, use_qk_l2norm=in_kernel)
         weight = tp_shared_weight(self.norm.weight, self.tp_group)
         z = z.reshape(b_, s_, self.n_v, self.d_v)
         return maybe_checkpoint(self.recompute_norm, gated_rms_norm, core, z, weight, self.eps)

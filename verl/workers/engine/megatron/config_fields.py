@@ -14,19 +14,26 @@ import difflib
 import functools
 from pathlib import Path
 
-__all__ = ["TRANSFORMER_CONFIG", "DDP_CONFIG", "config_fields", "unknown_fields"]
+__all__ = ["APPLIED_EXTRAS", "TRANSFORMER_CONFIG", "DDP_CONFIG", "config_fields", "unknown_fields"]
 
 TRANSFORMER_CONFIG = "TransformerConfig"
 DDP_CONFIG = "DistributedDataParallelConfig"
 _FIELDS_FILE = Path(__file__).with_name("mcore_config_fields.txt")
 
-# Names upstream scripts set that are not megatron-core fields, with where they come from: the error says so.
+# Names upstream's Qwen3.5 Megatron scripts set that are MindSpeed / megatron.training arguments, not megatron-core
+# fields, and that this project applies itself (``verl.models.mcore.config_converter.EXTRA_MODEL_KEYS`` keeps them
+# on the TransformerConfig object for the model to read).
+APPLIED_EXTRAS = {
+    "use_naive_l2norm": "q/k L2 norm of the Gated DeltaNet in plain torch before the delta-rule kernel, instead of "
+                        "inside it",
+    "use_flash_attn": "MindSpeed's flash-attention switch; full attention here is torch SDPA, which takes its flash "
+                      "kernel on CUDA in bf16/fp16 by itself (a warning says the key changes nothing)",
+}
+
+# Names upstream scripts set that are not megatron-core fields and are not applied here: the error says why.
 _NOT_MCORE = {
-    "use_flash_attn": "a megatron.training / MindSpeed argument; here `attention_backend` (flash, fused, "
-                      "unfused, local, auto) picks the attention kernel",
     "use_triton_gdn": "a MindSpeed (Megatron on Ascend) option, which this project does not implement",
     "use_ascend_gdn": "a MindSpeed (Megatron on Ascend) option, which this project does not implement",
-    "use_naive_l2norm": "a MindSpeed (Megatron on Ascend) option, which this project does not implement",
 }
 
 
@@ -64,7 +71,7 @@ def config_fields(kind: str) -> frozenset[str]:
 
 def unknown_fields(values, kind: str, key: str) -> list[str]:
     """One problem per key of the mapping ``values`` that ``kind`` lacks, naming ``<key>.<field>``."""
-    known = config_fields(kind)
+    known = config_fields(kind) | (frozenset(APPLIED_EXTRAS) if kind == TRANSFORMER_CONFIG else frozenset())
     problems = []
     for name in sorted(set(values) - known):
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)

@@ -124,6 +124,7 @@ class MegatronEngine(BaseEngine):
                                overrides["attention_backend"])
 
             overrides["attention_backend"] = AttnBackend[overrides["attention_backend"]]
+        _warn_inert_extras(overrides, self.hf_config, self._prefix)
         if self.router_replay_mode != "disabled":
             overrides = replay_transformer_overrides(overrides, prefix=self._prefix)
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[s.dtype]
@@ -529,3 +530,17 @@ class MegatronEngine(BaseEngine):
         from .checkpoint import load_checkpoint
 
         load_checkpoint(self, local_path)
+
+
+def _warn_inert_extras(overrides: dict, hf_config, prefix: str) -> None:
+    """MindSpeed keys of upstream's Qwen3.5 scripts that are accepted but change nothing for this model: said once
+    per engine, never silently (config_fields.APPLIED_EXTRAS)."""
+    from verl.models.spec import get_model_spec
+
+    key = f"{prefix}.override_transformer_config"
+    if overrides.get("use_flash_attn"):
+        logger.warning("%s.use_flash_attn=true changes nothing here: full attention runs torch SDPA, which picks its "
+                       "flash kernel on CUDA in bf16/fp16 by itself (MindSpeed's switch for Ascend)", key)
+    if overrides.get("use_naive_l2norm") and not get_model_spec(hf_config).has_linear_attention:
+        logger.warning("%s.use_naive_l2norm=true changes nothing for %s: it has no Gated DeltaNet layers", key,
+                       type(hf_config).__name__)
