@@ -39,7 +39,7 @@ run_part() {
     local name=$1 limit=$2; shift 2
     echo "=== [$name] $* (limit ${limit}s)"
     local t0=$SECONDS
-    timeout "$limit" "$@" 2>&1 | grep -v "Loading weights\|Writing model shards" | tee "$OUT/megatron_$name.log"
+    timeout --signal=INT --kill-after=20 "$limit" "$@" 2>&1 | grep -v "Loading weights\|Writing model shards" | tee "$OUT/megatron_$name.log"
     RC[$name]=${PIPESTATUS[0]}
     echo "=== [$name] exit ${RC[$name]} after $((SECONDS - t0))s"
 }

@@ -37,6 +37,17 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 GIB = 1024 ** 3
 DEFAULT_LAYERS = 16  # see the module docstring: 32k tokens OOM at CP=1 and fit at CP=2 with a margin both ways
+# A 141 GB H200 fits the 16-layer step at CP=1 (~91 GiB), so on cards above 100 GiB the default doubles the layers
+# (~172 GiB at CP=1, ~91 GiB at CP=2 by the same estimate).
+LARGE_CARD_GIB, LARGE_CARD_LAYERS = 100, 32
+
+
+def default_layers() -> int:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.get_device_properties(0).total_memory / GIB > LARGE_CARD_GIB:
+        return LARGE_CARD_LAYERS
+    return DEFAULT_LAYERS
 
 
 def shape_kwargs(shape: str, layers: int | None) -> dict:
@@ -167,7 +178,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--length", type=int, default=32768)
     p.add_argument("--shape", default="0p8b")
-    p.add_argument("--layers", type=int, default=DEFAULT_LAYERS, help="the shape's number of layers (0: the shape's)")
+    p.add_argument("--layers", type=int, default=None,
+                   help=f"the shape's number of layers (0: the shape's; default {DEFAULT_LAYERS}, {LARGE_CARD_LAYERS} on "
+                        f"cards above {LARGE_CARD_GIB} GiB)")
     p.add_argument("--cps", type=int, nargs="+", default=[1, 2])
     p.add_argument("--probe", type=int, nargs="*", default=[4096, 8192],
                    help="CP=1 lengths measured first: their peaks give the bytes per token")
@@ -175,6 +188,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per launch")
     p.add_argument("--dry-run", action="store_true", help="print the engine sections and the estimate; no GPU")
     args = p.parse_args(argv)
+    if args.layers is None:
+        args.layers = DEFAULT_LAYERS if args.dry_run else default_layers()
     kw = shape_kwargs(args.shape, args.layers)
     from verl.workers.engine.megatron.settings import read_settings
 

@@ -12,7 +12,7 @@ run_part() {
     local name=$1 limit=$2; shift 2
     echo "################ [$name] $(date -u +%H:%M:%S) limit ${limit}s: $*"
     local t0=$SECONDS
-    timeout --signal=TERM --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout --signal=INT --kill-after=20 "$limit" "$@" > "$OUT/$name.log" 2>&1
     RC[$name]=$?
     SECS[$name]=$((SECONDS - t0))
     # vLLM's INFO lines and transformers' load chatter would push the result out of the tail
