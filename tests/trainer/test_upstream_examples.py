@@ -51,12 +51,11 @@ G = "examples/grpo_trainer/"
 # context_parallel_size > 1 is built (Qwen3.5 local spec); a model without a Megatron entry is refused where its
 # config.json is readable (validation) or when the engine starts.
 EXPECTED: dict[str, Optional[tuple[str, str]]] = {
-    # router replay is built on the FSDP engine (fsdp_config.router_replay), not on Megatron
-    # megatron.router_replay.mode=R3 is accepted now; the routes it replays come from the rollout, and only the
-    # built-in hf engine records them here (vLLM's routed_experts is not wired). The script also sets two
-    # DeepSeek-V4 fields (apply_dsa_kernel_fusion, use_fused_mhc) megatron-core 0.19.2's TransformerConfig lacks.
-    G + "run_deepseek_v4_flash_megatron.sh": ("pending", "`actor_rollout_ref.rollout.enable_rollout_routing_replay` "
-                                                         "=true is implemented for rollout.name=hf only"),
+    # Its R3 keys compose (megatron.router_replay.mode=R3 with vLLM recording the routes through
+    # enable_return_routed_experts); what stays refused are two DeepSeek-V4 fields megatron-core 0.19.2's
+    # TransformerConfig lacks (DeepSeek-V4 itself has no Megatron model here either).
+    G + "run_deepseek_v4_flash_megatron.sh": ("rule", "apply_dsa_kernel_fusion is not a field of megatron-core's "
+                                                      "TransformerConfig"),
     G + "run_deepseek_v4_megatron_lite.sh": ("declined", "no verl.trainer.main_ppo launch"),  # points to Megatron-LM
     G + "run_deepseek_v4_veomni.sh": VEOMNI,
     # `+...fsdp_config.model_dtype=bfloat16` on a key upstream's own config has (model_dtype: fp32): Hydra 1.3 refuses

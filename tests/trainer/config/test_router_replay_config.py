@@ -17,6 +17,14 @@ MODE = "actor_rollout_ref.actor.fsdp_config.router_replay.mode"
 RECORD = "actor_rollout_ref.rollout.enable_rollout_routing_replay"
 
 
+def test_r3_with_vllm_routes_validates():
+    """vLLM records the routes itself (enable_return_routed_experts), as upstream asks it to."""
+    cfg = compose_config("ppo_trainer", ["actor_rollout_ref.rollout.name=vllm", f"{MODE}=R3", f"{RECORD}=true"])
+    assert cfg.actor_rollout_ref.rollout.enable_rollout_routing_replay is True
+    compose_config("ppo_megatron_trainer", ["actor_rollout_ref.rollout.name=vllm",
+                                            "actor_rollout_ref.actor.megatron.router_replay.mode=R3", f"{RECORD}=true"])
+
+
 def test_r3_with_rollout_routes_validates():
     cfg = compose_config("ppo_trainer", [HF, f"{MODE}=R3", f"{RECORD}=true"])
     assert cfg.actor_rollout_ref.actor.fsdp_config.router_replay.mode == "R3"
@@ -30,7 +38,8 @@ def test_r3_with_rollout_routes_validates():
     ([HF, f"{MODE}=R2", f"{RECORD}=true"], MODE, "R3"),
     ([HF, f"{MODE}=R2", "algorithm.rollout_correction.bypass_mode=true"], MODE, "bypass_mode"),
     ([HF, f"{MODE}=R1"], MODE, "valid values"),
-    (["actor_rollout_ref.rollout.name=vllm", f"{MODE}=R3", f"{RECORD}=true"], RECORD, "rollout.name=hf"),
+    (["actor_rollout_ref.rollout.name=sglang", f"{MODE}=R3", f"{RECORD}=true"], "actor_rollout_ref.rollout.name",
+     ""),
     ([HF, f"{MODE}=R3", f"{RECORD}=true", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], MODE,
      "ulysses"),
     ([HF, "actor_rollout_ref.actor.fsdp_config.router_replay.record_file=/tmp/r.pt"],

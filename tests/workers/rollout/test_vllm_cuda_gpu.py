@@ -147,3 +147,35 @@ def test_lora_sync_on_moe(tmp_path):
     finally:
         engine.shutdown()
         gc.collect()
+
+
+def test_routed_experts_match_the_trainers_router(tmp_path):
+    """rollout.enable_rollout_routing_replay on vLLM (R3): the engine returns, per token of prompt + response, the
+    experts each MoE layer chose; the trainer's own routers, fed the same sequence, choose the same experts
+    (bf16 engine vs fp32 trainer: a token whose k-th and (k+1)-th router scores are within rounding may flip, so
+    the agreement is a high fraction, not all), and the last sampled token is marked unrouted (-1)."""
+    from verl.models.transformers.router_replay import RouterTape
+    from verl.workers.rollout.base import GenerationRequest, SamplingParams
+
+    hf = build_engine_checkpoint(tmp_path / "m", "moe")
+    engine = _engine(tmp_path / "m", enable_rollout_routing_replay=True)
+    try:
+        prompt = PROMPTS[1]
+        (out,), = engine.generate([GenerationRequest(prompt)],
+                                  SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[]))
+    finally:
+        engine.shutdown()
+        gc.collect()
+    routes = out.routed_experts
+    seq = prompt + out.token_ids
+    tape = RouterTape(hf)
+    assert routes is not None and tuple(routes.shape) == (len(seq), *tape.shape), routes.shape
+    assert (routes[-1] == -1).all() and (routes[:-1] >= 0).all()
+    with torch.no_grad(), tape.recording():
+        hf(torch.tensor([seq], device=next(hf.parameters()).device))
+    own = tape.stacked().cpu()[: len(seq) - 1]
+    engine_sets = routes[:-1].long().sort(dim=-1).values
+    same = (own.long().sort(dim=-1).values == engine_sets).all(dim=-1).float().mean().item()
+    print(f"[vllm routes] {routes.shape[0]} tokens x {routes.shape[1]} MoE layers x top-{routes.shape[2]}: "
+          f"{same:.1%} of (token, layer) expert sets equal to the trainer's own routing")
+    assert same >= 0.9

@@ -9,6 +9,7 @@ from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.vllm_rollout.engine_args import (
     bucket_megabytes,
     build_llm_kwargs,
+    check_every_layer_routes,
     to_generation_outputs,
     vllm_sampling_kwargs,
 )
@@ -174,3 +175,60 @@ def test_nccl_server_refuses_the_trainers_gpu_and_takes_another():
     assert server_device("gloo", None, None) is None  # CPU hosts: the server shares nothing but the host
     with pytest.raises(ValueError, match="must be a cuda device"):
         server_device("nccl", gpu0, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------- router replay (R3)
+
+def test_routing_replay_asks_vllm_for_the_routed_experts():
+    model = OmegaConf.create({"path": "/m"})
+    on = build_llm_kwargs(_cfg(enable_rollout_routing_replay=True), model, on_gpu=True)
+    assert on["enable_return_routed_experts"] is True
+    assert "enable_return_routed_experts" not in build_llm_kwargs(_cfg(), model, on_gpu=True)
+
+
+def test_vllm_routes_become_the_batch_layout():
+    """vLLM hands routes as numpy in the narrowest dtype (uint8 for <= 256 experts) over the tokens it routed (the
+    last sampled token is never fed back); they become signed (prompt + response, layers, top_k) with -1 there,
+    which the batch assembly places like input_ids."""
+    import numpy as np
+    import torch
+
+    from verl.workers.rollout.batching import routes_to_batch
+
+    rng = np.random.default_rng(0)
+    prompt, resp = [11, 12, 13], [21, 22, 23, 24]
+    routed = rng.integers(0, 200, size=(len(prompt) + len(resp) - 1, 2, 4)).astype(np.uint8)
+    request = SimpleNamespace(prompt_token_ids=prompt, outputs=[SimpleNamespace(
+        token_ids=resp, logprobs=None, finish_reason="length", routed_experts=routed)])
+    (out,) = to_generation_outputs(request, want_logprobs=False, want_routes=True)
+    r = out.routed_experts
+    assert r.dtype == torch.int16 and tuple(r.shape) == (7, 2, 4)
+    assert torch.equal(r[:6], torch.as_tensor(routed.astype(np.int64)).to(torch.int16))
+    assert (r[6] == -1).all()  # 255 would have been an expert id in uint8
+    prompt_mask = torch.tensor([[0, 1, 1, 1]])  # one left-pad slot
+    batch = routes_to_batch(prompt_mask, 5, [out])
+    assert tuple(batch.shape) == (1, 9, 2, 4)
+    assert (batch[0, 0] == -1).all() and torch.equal(batch[0, 1:4], r[:3]) and torch.equal(batch[0, 4:8], r[3:])
+    assert (batch[0, 8] == -1).all()  # response padding
+    (plain,) = to_generation_outputs(request, want_logprobs=False)
+    assert plain.routed_experts is None
+    request.outputs[0].routed_experts = None
+    with pytest.raises(RuntimeError, match="returned no routed_experts"):
+        to_generation_outputs(request, want_logprobs=False, want_routes=True)
+
+
+def test_vllm_routes_need_every_decoder_layer_to_be_moe():
+    import transformers as tf
+
+    from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
+
+    check_every_layer_routes(tf.Qwen3_5MoeTextConfig(**tiny_text_config_kwargs(num_experts=4, num_experts_per_tok=2)))
+    small = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=1, vocab_size=64,
+                 intermediate_size=64, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
+    check_every_layer_routes(tf.Qwen3MoeConfig(**small))
+    with pytest.raises(ValueError, match="mlp_only_layers=\\[0\\]"):
+        check_every_layer_routes(tf.Qwen3MoeConfig(**small, mlp_only_layers=[0]))
+    with pytest.raises(ValueError, match="needs a MoE model"):
+        check_every_layer_routes(tf.Qwen3Config(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                                intermediate_size=64, vocab_size=64))
+

@@ -102,3 +102,18 @@ def test_sleep_is_a_noop_on_cpu(engine):
     rollout.sleep()
     rollout.wake_up()
     assert not rollout.is_sleeping and rollout.score([SEQ[:4]])
+
+
+def test_routing_replay_on_an_engine_that_cannot_record_is_refused_by_name(tmp_path):
+    """R3 asks vLLM for the routed experts (enable_return_routed_experts). vLLM 0.32's CPU build cannot record them
+    (its recorder needs Model Runner V2, which needs Triton): the engine start fails with the rollout key named.
+    On CUDA the routes themselves are checked by test_vllm_cuda_gpu.py::test_routed_experts_match_the_trainers_router."""
+    from tests.vllm_testing import build_engine_checkpoint, model_config, rollout_config
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import vLLMRollout
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA vLLM records routes: see test_vllm_cuda_gpu.py")
+    build_engine_checkpoint(tmp_path / "m", "moe")
+    with pytest.raises(RuntimeError, match="enable_rollout_routing_replay=true asks vLLM to return the routed experts"):
+        vLLMRollout(rollout_config(enable_rollout_routing_replay=True), model_config(tmp_path / "m"), tokenizer=None)
+    gc.collect()

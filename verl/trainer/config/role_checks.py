@@ -433,9 +433,10 @@ def check_router_replay(c: Checker) -> None:
     mode = c.choice(mode_key, ("disabled", "R2", "R3")) if c.get(mode_key) not in (None, UNSET) else None
     record = c.flag(f"{r}.enable_rollout_routing_replay")
     if record:
-        if c.get(f"{r}.name") != "hf":
-            c.fail(f"{r}.enable_rollout_routing_replay", f"=true is implemented for rollout.name=hf only (the "
-                                                         f"built-in engine records the routes), not {c.get(f'{r}.name')!r}.")
+        if c.get(f"{r}.name") not in ("hf", "vllm"):
+            c.fail(f"{r}.enable_rollout_routing_replay", f"=true needs a rollout engine that records the routes "
+                                                         f"(hf, or vllm through enable_return_routed_experts), not "
+                                                         f"{c.get(f'{r}.name')!r}.")
         if c.flag(f"{r}.multi_turn.enable"):
             c.fail(f"{r}.enable_rollout_routing_replay", "=true with multi_turn.enable=true is not implemented (the "
                                                          "agent loop does not carry routes).")

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+import numpy as np
+import torch
+
 from verl.workers.rollout.base import GenerationOutput, SamplingParams
 from verl.utils.config import cfg_get as _get
 
@@ -190,6 +193,9 @@ def build_llm_kwargs(
         # With an adapter sync only the adapter travels; the frozen base must come from the checkpoint.
         if kw["load_format"] == "dummy":
             kw["load_format"] = "auto"
+    if bool(_get(config, "enable_rollout_routing_replay", False)):
+        # R3: vLLM records the experts of every routed token (upstream verl asks for the same argument)
+        kw["enable_return_routed_experts"] = True
     kw.update(_plain(_get(_get(config, "engine_kwargs"), "vllm")))
     return {k: v for k, v in kw.items() if v is not None}
 
@@ -255,9 +261,11 @@ def vllm_sampling_kwargs(params: SamplingParams) -> dict:
     return kw
 
 
-def to_generation_outputs(request_output: Any, want_logprobs: bool) -> list[GenerationOutput]:
-    """One vLLM ``RequestOutput`` -> our outputs (one per sample)."""
+def to_generation_outputs(request_output: Any, want_logprobs: bool, want_routes: bool = False) -> list[GenerationOutput]:
+    """One vLLM ``RequestOutput`` -> our outputs (one per sample). ``want_routes``: the engine was built with
+    ``enable_return_routed_experts`` (rollout.enable_rollout_routing_replay) and each sample carries its routes."""
     outs = []
+    n_prompt = len(request_output.prompt_token_ids or []) if want_routes else 0
     for c in request_output.outputs:
         ids = list(c.token_ids)
         lps = None
@@ -266,8 +274,44 @@ def to_generation_outputs(request_output: Any, want_logprobs: bool) -> list[Gene
                 raise RuntimeError("vLLM returned no per-token log-probs although they were requested")
             lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids)]
         reason = c.finish_reason or "length"
-        outs.append(GenerationOutput(ids, lps, "stop" if reason == "stop" else reason))
+        routes = routes_from_vllm(getattr(c, "routed_experts", None), n_prompt + len(ids)) if want_routes else None
+        outs.append(GenerationOutput(ids, lps, "stop" if reason == "stop" else reason, routed_experts=routes))
     return outs
+
+
+def check_every_layer_routes(hf_config) -> None:
+    """vLLM's routes have one row per decoder layer, the trainer's replay one per MoE layer: the two agree only for
+    a model whose every decoder layer is MoE (Qwen3.5 MoE, Qwen3-MoE with the defaults). Anything else is refused
+    here rather than replayed onto the wrong layers."""
+    from verl.models.spec import get_text_config
+
+    text = get_text_config(hf_config)
+    if not int(getattr(text, "num_experts", 0) or 0):
+        raise ValueError("actor_rollout_ref.rollout.enable_rollout_routing_replay=true needs a MoE model; "
+                         f"{type(hf_config).__name__} has no experts")
+    dense = list(getattr(text, "mlp_only_layers", None) or [])
+    step = int(getattr(text, "decoder_sparse_step", 1) or 1)
+    if dense or step != 1 or getattr(text, "first_k_dense_replace", 0):
+        raise ValueError("actor_rollout_ref.rollout.enable_rollout_routing_replay=true with rollout.name=vllm needs "
+                         "every decoder layer to be MoE (vLLM returns one route row per decoder layer); this model "
+                         f"has dense layers (mlp_only_layers={dense}, decoder_sparse_step={step}): use rollout.name=hf")
+
+
+def routes_from_vllm(routed: Any, n_tokens: int) -> torch.Tensor:
+    """vLLM's ``CompletionOutput.routed_experts`` (numpy ``[routed tokens, moe layers, top_k]``, in the narrowest
+    integer dtype that holds the expert ids, e.g. uint8) -> this package's layout: a signed (prompt + response
+    tokens, moe layers, top_k) tensor, -1 on the rows vLLM did not route (the last sampled token is never fed
+    back through the model)."""
+    if routed is None:
+        raise RuntimeError("rollout.enable_rollout_routing_replay=true, but vLLM returned no routed_experts for a "
+                           "sample (the engine was built with enable_return_routed_experts=True)")
+    r = torch.as_tensor(np.asarray(routed).astype(np.int64)).to(torch.int16)
+    if r.dim() != 3 or r.shape[0] > n_tokens:
+        raise RuntimeError(f"vLLM returned routed_experts of shape {tuple(r.shape)} for a sequence of {n_tokens} "
+                           "tokens; expected (at most that many tokens, moe layers, top_k)")
+    out = torch.full((n_tokens, *r.shape[1:]), -1, dtype=torch.int16)
+    out[: r.shape[0]] = r
+    return out
 
 
 def spmd_ranks(llm_kwargs: dict) -> int:

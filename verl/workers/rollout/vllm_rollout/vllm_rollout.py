@@ -41,6 +41,7 @@ from verl.workers.weight_sync import (
 from .engine_args import (
     bucket_megabytes,
     build_llm_kwargs,
+    check_every_layer_routes,
     spmd_ranks,
     to_generation_outputs,
     vllm_sampling_kwargs,
@@ -155,6 +156,9 @@ class vLLMRollout(BaseRollout):
                                   in_process_group=_launched_rank())
         self.free_cache_engine = bool(config.get("free_cache_engine", True)) if hasattr(config, "get") else True
         self.spmd_ranks = spmd_ranks(kwargs)
+        self.record_routes = bool(kwargs.get("enable_return_routed_experts", False))
+        if self.record_routes:
+            check_every_layer_routes(self.hf_config)
         self.llm = self._create_engine(kwargs)
         self._sleep_supported = self._sleep_mode_available() and kwargs.get("enable_sleep_mode", False)
         if self.free_cache_engine and not self._sleep_supported:
@@ -191,7 +195,15 @@ class vLLMRollout(BaseRollout):
             apply_npu_vllm_patches(self.hf_config)
         logger.info("creating vLLM engine: %s", {k: v for k, v in kwargs.items() if k != "model"})
         with rope_ignore_keys_as_set():
-            return vllm.LLM(**kwargs)
+            try:
+                return vllm.LLM(**kwargs)
+            except Exception as exc:
+                if not kwargs.get("enable_return_routed_experts"):
+                    raise
+                # e.g. vLLM 0.32's CPU build: "AuxOutput Connector requires Model Runner V2" / "... requires Triton"
+                raise RuntimeError("actor_rollout_ref.rollout.enable_rollout_routing_replay=true asks vLLM to return "
+                                   "the routed experts (enable_return_routed_experts=True), and this vLLM refused to "
+                                   f"build such an engine: {exc}") from exc
 
     def _without_missing_kernels(self, kwargs: dict) -> dict:
         """vLLM's CUDA defaults that import FlashInfer, replaced (with a warning) where it is not installed."""
@@ -247,7 +259,7 @@ class vLLMRollout(BaseRollout):
             prompts.append(p)
         sp = vllm.SamplingParams(**vllm_sampling_kwargs(params))
         outs = self.llm.generate(prompts, sp, use_tqdm=False, lora_request=self._lora_request)
-        return [to_generation_outputs(o, params.logprobs) for o in outs]
+        return [to_generation_outputs(o, params.logprobs, want_routes=self.record_routes) for o in outs]
 
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         """Engine log-probs of each token of each sequence given its prefix (first token excluded).
