@@ -18,7 +18,9 @@ PY="${PYTHON:-python3}"
 {
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   "$PY" -c "import torch, transformers, megatron.core as m, fla; print('torch', torch.__version__, 'transformers', transformers.__version__, 'megatron-core', m.__version__, 'fla', fla.__version__)"
-  timeout "${T_PYTEST:-900}" "$PY" -m pytest -q -s -m gpu -p no:cacheprovider tests/models/mcore/test_mcore_qwen3_5_gpu.py tests/models/mcore/test_mcore_qwen3_5_parallel_gpu.py tests/models/mcore/test_mcore_router_replay_gpu.py 2>&1 \
+  # the grouped-GEMM experts against SequentialMLP (no gpu marker: it runs on CPU too where megatron-core imports)
+  timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/models/mcore/test_grouped_experts.py 2>&1 | tail -3
+  timeout --signal=INT "${T_PYTEST:-900}" "$PY" -m pytest -q -s -m gpu -p no:cacheprovider tests/models/mcore/test_mcore_qwen3_5_gpu.py tests/models/mcore/test_mcore_qwen3_5_parallel_gpu.py tests/models/mcore/test_mcore_router_replay_gpu.py 2>&1 \
     | grep -v "Writing model shards\|Loading weights"
   echo "pytest exit: ${PIPESTATUS[0]}"
 } 2>&1 | tee "$OUT/gpu_mcore.log"

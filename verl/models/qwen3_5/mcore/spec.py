@@ -2,7 +2,7 @@
 
 Each layer is megatron-core's TransformerLayer with Qwen3.5's zero-centred RMSNorms, a mixer chosen by
 ``config.linear_attention_freq`` (1: Gated DeltaNet, 0: gated full attention), and a dense MLP or a MoE layer
-(router, SequentialMLP experts, shared expert with its sigmoid gate). Linear layers come from megatron-core's
+(router, grouped-GEMM experts with SequentialMLP's parameters, shared expert with its sigmoid gate). Linear layers come from megatron-core's
 backend provider: the local (pure PyTorch tensor-parallel) classes by default, Transformer Engine's where
 ``transformer_impl="transformer_engine"`` is set and TE is installed (untested here: no TE build exists for
 the machines this project is tested on).
@@ -24,15 +24,25 @@ from megatron.core.transformer.transformer_layer import (
     get_transformer_layer_offset,
 )
 
+from verl.models.mcore.grouped_experts import GroupedGemmExperts
 from verl.models.qwen3_5.mcore.attention import Qwen35GatedAttention
 from verl.models.qwen3_5.mcore.common import ZeroCenteredRMSNorm
 from verl.models.qwen3_5.mcore.gated_deltanet import Qwen35GatedDeltaNet
 
 
+class GroupedExpertsLocalSpec(LocalSpecProvider):
+    """megatron-core's local (pure PyTorch) provider, with grouped-GEMM experts in place of SequentialMLP's loop
+    (same parameters: :mod:`verl.models.mcore.grouped_experts`)."""
+
+    def grouped_mlp_modules(self, moe_use_grouped_gemm: bool):
+        spec = super().grouped_mlp_modules(moe_use_grouped_gemm)
+        return partial(GroupedGemmExperts, *spec.args, **spec.keywords)
+
+
 def backend_for(config):
     impl = getattr(config, "transformer_impl", "local")
     if impl == "local":
-        return LocalSpecProvider()
+        return GroupedExpertsLocalSpec()
     if impl == "transformer_engine":
         try:
             import transformer_engine  # noqa: F401

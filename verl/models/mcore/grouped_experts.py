@@ -1,0 +1,77 @@
+"""MoE experts for megatron-core's local (no Transformer Engine) spec: one grouped GEMM per projection.
+
+megatron-core's local backend runs its experts as ``SequentialMLP``: a Python loop over the local experts, one
+small GEMM pair each, after a host sync on ``tokens_per_expert``. With 64 local experts per GPU (Qwen3.5-35B-A3B
+at EP=4) that loop made the Megatron update about 10x slower per token than a dense model of the same active size
+(docs/advance/scale.md). Its grouped-GEMM experts (``TEGroupedMLP``, the legacy ``GroupedMLP``) need Transformer
+Engine or the ``grouped_gemm`` extension, neither installable on the machines this project runs on.
+
+:class:`GroupedGemmExperts` keeps ``SequentialMLP``'s parameters exactly (``local_experts.<i>.linear_fc1/fc2``:
+checkpoints, the weight converter, the distributed optimizer and expert-parallel sharding see no difference) and
+replaces the loop by ``torch._grouped_mm`` over the experts' weights stacked per forward (a copy of the local
+expert weights per layer, kept for backward: e.g. ~384 MB per layer for 64 local experts of Qwen3.5-35B-A3B in
+bf16). Gradients reach each expert's own parameters through the stack. It serves the common case -- gated SiLU
+(SwiGLU) experts without biases, expert tensor parallelism 1 -- and defers to ``SequentialMLP`` otherwise, with
+one warning where a CUDA run loses the fast path. On CUDA torch fuses the grouped GEMM for bf16; other dtypes
+(the fp32 parity tests) run torch's own per-group loop, no slower than SequentialMLP's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.moe.experts import SequentialMLP
+
+logger = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+
+def _warn_once(reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        logger.warning("MoE experts run megatron-core's SequentialMLP loop (one GEMM pair per local expert) instead "
+                       "of one grouped GEMM: %s", reason)
+
+
+class GroupedGemmExperts(SequentialMLP):
+    """``SequentialMLP`` with the per-expert loop replaced by two grouped GEMMs (see the module docstring)."""
+
+    def _unsupported(self, x: torch.Tensor) -> str | None:
+        c = self.config
+        if self.num_local_experts < 2:
+            return "one local expert"
+        if getattr(c, "fp8", None) or getattr(c, "fp4", None):
+            return "fp8/fp4 experts"
+        if c.moe_apply_probs_on_input:
+            return "moe_apply_probs_on_input"
+        if not c.gated_linear_unit or c.activation_func is not F.silu:
+            return "experts other than gated SiLU (SwiGLU)"
+        if c.add_bias_linear:
+            return "expert biases"
+        if getattr(c, "activation_func_clamp_value", None) is not None or getattr(c, "glu_linear_offset", 0):
+            return "clamped / offset GLU"
+        if self.tp_group is not None and self.tp_group.size() > 1:
+            return "expert tensor parallelism > 1"
+        if x.shape[-1] % 8 or self.config.moe_ffn_hidden_size % 8:
+            return "hidden sizes not multiples of 8 (grouped GEMM alignment)"
+        return None
+
+    def forward(self, permuted_local_hidden_states: torch.Tensor, tokens_per_expert: torch.Tensor,
+                permuted_probs: torch.Tensor):
+        x = permuted_local_hidden_states
+        reason = self._unsupported(x)
+        if reason is not None:
+            if x.device.type == "cuda" and self.num_local_experts > 1:
+                _warn_once(reason)
+            return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs)
+        # [E, in, out] row-major: each expert's weight transposed, stacked (one copy, differentiable)
+        w1 = torch.stack([e.linear_fc1.weight.t() for e in self.local_experts])
+        w2 = torch.stack([e.linear_fc2.weight.t() for e in self.local_experts])
+        offs = torch.cumsum(torch.as_tensor(tokens_per_expert, device=x.device), 0).to(torch.int32)
+        h = torch._grouped_mm(x, w1, offs=offs)
+        gate, up = torch.chunk(h, 2, dim=-1)
+        # megatron-core's MLP order: activation, then the routing probability per token, back to the input dtype
+        h = (F.silu(gate) * up * permuted_probs.unsqueeze(-1)).to(x.dtype)
+        return torch._grouped_mm(h, w2, offs=offs), None
