@@ -133,6 +133,15 @@ def test_mcore_engine_report(monkeypatch, caplog, capsys):
     (warning,) = _warnings(caplog)  # no causal-conv1d or flash-attn warning: the mcore model uses neither
     assert "pip install flash-linear-attention`" in warning
     assert "(mcore) on cuda" in capsys.readouterr().out
+    # packed full attention: the FSDP path's varlen choice (one kernel per packed row), else SDPA per sequence
+    from verl.models.transformers.packed_attention import BACKEND_ENV, select_backend
+
+    fast = select_backend(fast=True)
+    want = "sdpa per sequence (local spec)" if fast == "sdpa" else f"{fast} (local spec)"
+    assert choices["packed_attention"].backend == want
+    monkeypatch.setenv(BACKEND_ENV, "sdpa")
+    forced = kernels.kernel_choices(QWEN, True, on_cuda=True, engine="mcore")
+    assert forced["packed_attention"].backend == "sdpa per sequence (local spec)"
 
 
 def test_engine_reports_kernels_at_build(monkeypatch, tmp_path):

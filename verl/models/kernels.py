@@ -101,7 +101,11 @@ def kernel_choices(spec, use_remove_padding: bool, on_cuda: bool, engine: str = 
     own = spec.resolve("kernels") if hasattr(spec, "resolve") else None
     choices = dict(own(on_cuda, engine)) if own is not None else {}
     if engine == "mcore":
-        choices["packed_attention"] = KernelChoice("sdpa per sequence (local spec)")
+        from verl.models.transformers.packed_attention import select_backend
+
+        backend = select_backend(fast=on_cuda)  # the local spec's packed attention asks the same (bf16/fp16)
+        choices["packed_attention"] = KernelChoice(
+            f"{backend} (local spec)" if backend != "sdpa" else "sdpa per sequence (local spec)")
     elif use_remove_padding:
         choices["packed_attention"] = _packed_attention_choice(spec, on_cuda)
     return choices

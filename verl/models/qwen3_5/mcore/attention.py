@@ -4,9 +4,9 @@ q/k RMSNorm (zero-centred) per head, partial rotary on the first ``rotary_percen
 heads, and a sigmoid output gate: ``o_proj(attn * sigmoid(gate))``. The column-parallel ``linear_qkv`` holds, per
 tensor rank, the rank's query heads as HF lays them out (``[q_h; gate_h]`` per head), then its KV heads.
 
-Packed THD batches never attend across sequences. Without Transformer Engine / flash-attn varlen kernels this
-runs torch SDPA once per packed sequence (a Python loop: launch overhead grows with the number of sequences in a
-micro-batch; one warning on CUDA says so). Under context parallelism the rank holds two chunks of every sequence;
+Packed THD batches never attend across sequences: in bf16/fp16 on CUDA one varlen kernel covers the row
+(flash-attn's, else torch's ``varlen_attn``); otherwise torch SDPA runs once per packed sequence (a Python loop:
+launch overhead grows with the number of sequences in a micro-batch; one warning on CUDA says so). Under context parallelism the rank holds two chunks of every sequence;
 keys and values are all-gathered over the CP group and each chunk attends causally to its sequence's prefix
 (:func:`verl.models.mcore.context_parallel.cp_causal_attention`).
 """
@@ -21,6 +21,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from verl.models.mcore.context_parallel import cp_causal_attention
+from verl.models.transformers.packed_attention import select_backend, varlen_causal_attention
 from verl.models.qwen3_5.mcore.common import (
     ZeroCenteredRMSNorm,
     apply_partial_rope,
@@ -40,12 +41,21 @@ def _warn_slow_path():
     global _warned
     if not _warned:
         _warned = True
-        logger.warning("Qwen3.5 mcore local spec: packed full attention runs torch SDPA per sequence (no Transformer "
-                       "Engine varlen kernel); expect extra launch overhead with many short sequences per batch")
+        logger.warning("Qwen3.5 mcore local spec: packed full attention runs torch SDPA per sequence (fp32, or neither "
+                       "flash-attn nor torch's varlen attention available); expect extra launch overhead with many "
+                       "short sequences per batch")
 
 
 def packed_causal_attention(q, k, v, cu_seqlens, scale):
-    """q [T, Hq, D], k/v [T, Hkv, D] of one packed row -> [T, Hq, D]; causal within each sequence only."""
+    """q [T, Hq, D], k/v [T, Hkv, D] of one packed row -> [T, Hq, D]; causal within each sequence only.
+
+    Half precision on CUDA: one varlen kernel over the whole row (flash-attn's, else torch's own ``varlen_attn``,
+    the FSDP path's choice: :mod:`verl.models.transformers.packed_attention`). Otherwise (fp32, CPU, or neither
+    kernel importable) torch SDPA once per sequence."""
+    fast = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    if fast and select_backend(fast=True) in ("flash_attn", "torch_varlen"):
+        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+        return varlen_causal_attention(q, k, v, cu_seqlens, int(lengths.max()), scale)
     if q.is_cuda:
         _warn_slow_path()
     bounds = cu_seqlens.tolist()

@@ -26,8 +26,8 @@ _FIELDS_FILE = Path(__file__).with_name("mcore_config_fields.txt")
 APPLIED_EXTRAS = {
     "use_naive_l2norm": "q/k L2 norm of the Gated DeltaNet in plain torch before the delta-rule kernel, instead of "
                         "inside it",
-    "use_flash_attn": "MindSpeed's flash-attention switch; full attention here is torch SDPA, which takes its flash "
-                      "kernel on CUDA in bf16/fp16 by itself (a warning says the key changes nothing)",
+    "use_flash_attn": "MindSpeed's flash-attention switch; packed full attention here already runs a varlen flash "
+                      "kernel on CUDA in bf16/fp16 (a warning says the key changes nothing)",
 }
 
 # Names upstream scripts set that are not megatron-core fields and are not applied here: the error says why.

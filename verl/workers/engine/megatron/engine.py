@@ -539,8 +539,9 @@ def _warn_inert_extras(overrides: dict, hf_config, prefix: str) -> None:
 
     key = f"{prefix}.override_transformer_config"
     if overrides.get("use_flash_attn"):
-        logger.warning("%s.use_flash_attn=true changes nothing here: full attention runs torch SDPA, which picks its "
-                       "flash kernel on CUDA in bf16/fp16 by itself (MindSpeed's switch for Ascend)", key)
+        logger.warning("%s.use_flash_attn=true changes nothing here: packed full attention already runs a varlen "
+                       "flash kernel on CUDA in bf16/fp16 (flash-attn's or torch's; MindSpeed's switch is for Ascend)",
+                       key)
     if overrides.get("use_naive_l2norm") and not get_model_spec(hf_config).has_linear_attention:
         logger.warning("%s.use_naive_l2norm=true changes nothing for %s: it has no Gated DeltaNet layers", key,
                        type(hf_config).__name__)
