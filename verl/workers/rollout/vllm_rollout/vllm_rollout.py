@@ -193,6 +193,14 @@ class vLLMRollout(BaseRollout):
             if kwargs.get("enable_sleep_mode"):
                 require_nz_disabled()
             apply_npu_vllm_patches(self.hf_config)
+        if kwargs.get("enable_return_routed_experts"):
+            from packaging.version import Version
+
+            # vLLM's route recorder is right for hybrid-attention MoE models (Qwen3.5) from 0.22 on; older releases
+            # lack it or under-size its host buffer
+            if Version(vllm.__version__).release < (0, 22):
+                raise RuntimeError("actor_rollout_ref.rollout.enable_rollout_routing_replay=true needs vLLM >= 0.22 "
+                                   f"(its routed-experts recorder); installed: {vllm.__version__}")
         logger.info("creating vLLM engine: %s", {k: v for k, v in kwargs.items() if k != "model"})
         with rope_ignore_keys_as_set():
             try:
