@@ -9,8 +9,9 @@
 #   grpo    GRPO through main_ppo with rollout.name=vllm, colocated (sleep mode, CUDA graphs), 3 steps on the
 #           0.8B shape and 3 on the 2B shape (scripts/gpu_grpo_step.py): timings, the rollout/trainer gap every
 #           step, device memory before/after the engine's sleep and the update's peak
-#   bench   benchmarks/bench_rollout.py: generate vs the hf engine vs CUDA vLLM on the same prompts (0.8B shape,
-#           B=64/256 fixed lengths and the GRPO length mix), one run
+#   bench   benchmarks/bench_rollout.py: generate vs the hf engine vs CUDA vLLM on the same prompts (B=64/256 fixed
+#           lengths and the GRPO length mix), one run per shape (BENCH_SHAPES, default "0p8b 2b"), each shape on its
+#           own GPU at the same time where the host has enough
 #
 # Logs go to $OUT/<part>.log (default ./gpu_vllm_out). Needs on the lent machine: CUDA vLLM 0.26.0 and the project
 # wheels under /tmp/site (../shared/tools/gpu_wheels.sh --vllm, then .whl and .whlz, as its header says), then
@@ -23,7 +24,7 @@ source scripts/gpu_parts.sh
 PARTS="${PARTS:-setup tests grpo bench}"
 
 # file:time limit in seconds (each file in its own pytest process; together under one device call)
-TESTS=(test_vllm_cuda_gpu:200 test_vllm_sync_matches_fresh:110 test_vllm_rollout_lora:70 test_vllm_rollout_engine:80
+TESTS=(test_vllm_cuda_gpu:560 test_vllm_sync_matches_fresh:110 test_vllm_rollout_lora:70 test_vllm_rollout_engine:80
        test_vllm_sleep_cycle:40 test_vllm_custom_loader:40)
 
 for part in $PARTS; do
@@ -35,7 +36,7 @@ for part in $PARTS; do
            for entry in "${TESTS[@]}"; do
                f=${entry%%:*}
                case " ${TEST_FILES:-${entry%%:*}} " in *" $f "*) ;; *) continue ;; esac
-               run_part "tests_$f" "${T_TESTS:-${entry##*:}}" "$PY" -m pytest -q -m vllm -p no:cacheprovider \
+               run_part "tests_$f" "${T_TESTS:-${entry##*:}}" "$PY" -m pytest -q -s -m vllm -p no:cacheprovider \
                    -rsfE "tests/workers/rollout/$f.py" -k "not any_causal_lm"
            done ;;
     grpo)  for shape in ${SHAPES:-0p8b 2b}; do
@@ -46,8 +47,24 @@ for part in $PARTS; do
                    actor_rollout_ref.rollout.free_cache_engine=true actor_rollout_ref.actor.entropy_coeff=0.01 \
                    actor_rollout_ref.rollout.tensor_model_parallel_size=1
            done ;;
-    bench) run_part bench "${T_BENCH:-560}" "$PY" benchmarks/bench_rollout.py --vllm on --skip-generate \
-               --json "$OUT/bench_rollout.json" ${BENCH_ARGS:-} ;;
+    bench) # one shape per GPU at once where the host has a GPU per shape (each run is one process on one card:
+           # the engine, vLLM and generate rows of a shape share that card), else one after the other
+           shapes=(${BENCH_SHAPES:-0p8b 2b})
+           ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+           if (( ngpu >= ${#shapes[@]} && ${#shapes[@]} > 1 )); then
+               i=0
+               for shape in "${shapes[@]}"; do
+                   CUDA_VISIBLE_DEVICES=$i run_part "bench_$shape" "${T_BENCH:-560}" "$PY" benchmarks/bench_rollout.py \
+                       --vllm on --shape "$shape" --json "$OUT/bench_rollout_$shape.json" ${BENCH_ARGS:-} &
+                   i=$((i + 1))
+               done
+               wait
+           else
+               for shape in "${shapes[@]}"; do
+                   run_part "bench_$shape" "${T_BENCH:-560}" "$PY" benchmarks/bench_rollout.py --vllm on \
+                       --shape "$shape" --json "$OUT/bench_rollout_$shape.json" ${BENCH_ARGS:-}
+               done
+           fi ;;
     *) echo "unknown part $part" ;;
     esac
 done
