@@ -72,14 +72,16 @@ def build_model(shape, device, dtype):
     return model.to(dtype).eval()
 
 
-def make_rollout(model, slots: int, **hf_kwargs):
+def make_rollout(model, slots: int, prefill_tokens: int = 16384, **hf_kwargs):
+    """The built-in engine over ``model``; ``prefill_tokens``: prompt tokens per packed prefill forward
+    (rollout.max_num_batched_tokens)."""
     from types import SimpleNamespace
 
     from omegaconf import OmegaConf
 
     from verl.workers.rollout.hf_rollout import HFRollout
 
-    cfg = OmegaConf.create({"max_num_seqs": slots, "max_num_batched_tokens": 16384,
+    cfg = OmegaConf.create({"max_num_seqs": slots, "max_num_batched_tokens": prefill_tokens,
                             "engine_kwargs": {"hf": hf_kwargs}})
     return HFRollout(cfg, None, SimpleNamespace(pad_token_id=0, eos_token_id=1), module=model)
 
@@ -125,7 +127,7 @@ def fixed_lengths(model, args, device, vocab) -> list[dict]:
         prompts = random_prompts([args.prompt_len] * b, vocab, seed=b)
         variants = [("engine", {})] + ([("engine, bf16 state", {"state_dtype": "bfloat16"})] if args.bf16_state else [])
         for impl, kw in variants:
-            rollout = make_rollout(model, b, **kw)
+            rollout = make_rollout(model, b, args.prefill_tokens, **kw)
             engine_generate(rollout, prompts, 8)  # warm-up on the same prompts (prefill kernels for this shape)
             t, outs = timed(lambda: engine_generate(rollout, prompts, args.new_tokens), device)
             assert all(len(o[0].token_ids) == args.new_tokens for o in outs)
@@ -182,7 +184,7 @@ def length_mix(model, args, device, vocab) -> list[dict]:
 
     rows = []
     for impl, continuous in (("engine (static batches)", False), ("engine (continuous)", True)):
-        opt, backend = engine_options(make_rollout(model, slots).config)
+        opt, backend = engine_options(make_rollout(model, slots, args.prefill_tokens).config)
         opt.continuous = continuous
         engine = DecodeEngine(Qwen35Runner(model, backend), SamplerConfig(temperature=1.0), [], opt)
         with unsharded(model):
@@ -339,6 +341,8 @@ def main(argv=None) -> int:
     p.add_argument("--mix-seed", type=int, default=0)
     p.add_argument("--mix-gen-steps", type=int, default=128, help="steps of generate timed for the mix")
     p.add_argument("--bf16-state", action="store_true", help="also an engine row with bf16 recurrent state")
+    p.add_argument("--prefill-tokens", type=int, default=16384,
+                   help="the engine's prompt tokens per packed prefill forward (rollout.max_num_batched_tokens)")
     p.add_argument("--json", default=None)
     p.add_argument("--vllm", default="auto", choices=["auto", "on", "off"],
                    help="vLLM rows (auto: where CUDA and vLLM are present)")
