@@ -1,27 +1,55 @@
 #!/usr/bin/env bash
-# Packs every wheel the GPU checks need (Ray + its missing deps, fla + tilelang + z3, megatron-core, Hydra,
-# tensordict: the folders ../shared/tools/gpu_wheels.sh --ray fills) into three parts of ~54 MiB, .gpu1 .gpu2
-# .gpu3 (git-ignored), because one device call carries at most 64 MiB. Three calls back to back (the machine
-# keeps /tmp while warm) then install everything; each call can do other work too (building checkpoints needs
-# only the image's torch and transformers):
-#   call 1 (carry .gpu1):  mkdir -p /tmp/gparts && cp .gpu1/part_00 /tmp/gparts/
-#   call 2 (carry .gpu2):  cp .gpu2/part_01 /tmp/gparts/
-#   call 3 (carry .gpu3):  cat /tmp/gparts/part_00 /tmp/gparts/part_01 .gpu3/part_02 | tar -xf - -C /tmp &&
-#                          python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/w/*.whl
-#   then:                  export PYTHONPATH=/tmp/site:$PWD
+# Packs the wheels the GPU checks need into parts that one device call each can carry (64 MiB per call,
+# the ~4.4 MB work tree included), in git-ignored folders .gpu1 .gpu2 ... The machine keeps /tmp while warm
+# (30 s idle), so the calls run back to back; each call can do other work too.
+#
+#   bash scripts/gpu_pack_wheels.sh              fla + tilelang + z3, megatron-core, Hydra, tensordict and Ray
+#                                                (the folders ../shared/tools/gpu_wheels.sh --ray fills): 3 parts
+#   bash scripts/gpu_pack_wheels.sh --vllm       the same without Ray, plus the CUDA vLLM tree
+#                                                (gpu_wheels.sh --vllm): 4 parts
+# On the device, for N parts:
+#   calls 1..N-1 (carry .gpuK):  mkdir -p /tmp/gparts && cp .gpuK/part_* /tmp/gparts/
+#   call N (carry .gpuN):        cat /tmp/gparts/part_* .gpuN/part_* | tar -xf - -C /tmp &&
+#                                python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/w/*.whl &&
+#                                { [ ! -f /tmp/vllm-site.tar.xz ] || tar -xJf /tmp/vllm-site.tar.xz -C /tmp/site; }
+#   then:                        export PYTHONPATH=/tmp/site:$PWD
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-for d in .whl .whlz .rayA .rayB; do
-    [ -d "$d" ] || { echo "missing $d: run ../shared/tools/gpu_wheels.sh --ray first" >&2; exit 1; }
+want_vllm=
+case "${1:-}" in
+    --vllm) want_vllm=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--vllm]" >&2; exit 2 ;;
+esac
+need=(.whl .whlz)
+if [[ $want_vllm ]]; then need+=(.vllmA); else need+=(.rayA .rayB); fi
+for d in "${need[@]}"; do
+    [ -d "$d" ] || { echo "missing $d: run ../shared/tools/gpu_wheels.sh ${want_vllm:+--vllm}${want_vllm:---ray} first" >&2; exit 1; }
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/w"
-cat .rayA/part_* .rayB/part_* > "$tmp/w/ray-2.58.1-cp312-cp312-manylinux2014_x86_64.whl"
-cp .rayB/deps/*.whl .whl/*.whl .whlz/*.whl "$tmp/w/"
-(cd "$tmp" && tar -cf all.tar w && split -n 3 -d all.tar part_)
-for i in 1 2 3; do
+cp .whl/*.whl .whlz/*.whl "$tmp/w/"
+members=(w)
+if [[ $want_vllm ]]; then
+    cat .vllm[A-Z]/part_* > "$tmp/vllm-site.tar.xz"
+    members+=(vllm-site.tar.xz)
+else
+    cat .rayA/part_* .rayB/part_* > "$tmp/w/ray-2.58.1-cp312-cp312-manylinux2014_x86_64.whl"
+    cp .rayB/deps/*.whl "$tmp/w/"
+fi
+(cd "$tmp" && tar -cf all.tar "${members[@]}")
+# as few even parts as keep each call (part + work tree) under 64 MiB
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+room=$(( 64 * 1048576 - tree - 1048576 ))
+size=$(stat -c %s "$tmp/all.tar")
+n=$(( (size + room - 1) / room ))
+(cd "$tmp" && split -n "$n" -d all.tar part_)
+rm -rf .gpu[0-9]
+i=1
+for p in "$tmp"/part_*; do
     grep -qx "/.gpu$i/" .git/info/exclude || echo "/.gpu$i/" >> .git/info/exclude
-    rm -rf ".gpu$i" && mkdir ".gpu$i" && mv "$tmp/part_0$((i - 1))" ".gpu$i/"
+    mkdir ".gpu$i" && mv "$p" ".gpu$i/"
+    i=$((i + 1))
 done
-du -sh .gpu1 .gpu2 .gpu3
+du -sh .gpu[0-9]
