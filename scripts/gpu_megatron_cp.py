@@ -16,10 +16,12 @@ activations per token per layer are about 2 x hidden x (2 + 4 + 4) bytes for the
 fp32 copy, fp32 normalised), 2 hidden + 10 x intermediate for the gated MLP, and for the mixer the projection
 outputs, the conv input and output, the delta rule's q/k/v/g/beta and the gated norm's fp32 operands (GDN, ~100 KB)
 or q/k/v, the fp32 q/k norms, rotary copies and the SDPA output (attention, ~60 KB). That is ~3.5 MB per token,
-~113 GiB at 32k tokens at CP=1 (plus ~13 GiB of weights, fp32 grads and Adam state), out of an 80 GB H100; CP=2
-halves the activations (~56 GiB) and the distributed optimizer splits the Adam state over the 2 ranks: ~70 GiB,
-too close to 80 to count on given the estimate's error. The default therefore keeps the 0.8B layer shape with 16
-layers (12 Gated DeltaNet + 4 attention): ~91 GiB at CP=1 (out of memory) against ~50 GiB at CP=2 (fits).
+~131 GiB per GPU at 32k tokens at CP=1 and ~70 GiB at CP=2 (weights, fp32 grads and Adam state included).
+The estimate runs high by about a quarter. Measured on 2 x H100 80GB (2026-11-27, fla 0.6.0, megatron-core 0.19.2):
+with 16 layers 32k tokens fit at CP=1 (69.4 GiB against 90.8 estimated) and CP=2 (40.3 against 49.9); with the
+shape's own 24 layers CP=1 ran out of memory (76.8 GiB reached) and CP=2 fitted at 55.8 GiB (70.5 estimated),
+a 5.2 s step. So the default is the 0.8B shape's own 24 layers; on cards above 100 GiB (a 141 GB H200, where 24
+layers would fit at CP=1) it is 48 layers (~190 GiB at CP=1 and ~100 GiB at CP=2 after the same correction).
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 GIB = 1024 ** 3
-DEFAULT_LAYERS = 16  # see the module docstring: 32k tokens OOM at CP=1 and fit at CP=2 with a margin both ways
-# A 141 GB H200 fits the 16-layer step at CP=1 (~91 GiB), so on cards above 100 GiB the default doubles the layers
-# (~172 GiB at CP=1, ~91 GiB at CP=2 by the same estimate).
-LARGE_CARD_GIB, LARGE_CARD_LAYERS = 100, 32
+DEFAULT_LAYERS = 24  # the 0.8B shape's own; see the module docstring: on an 80 GB card 32k tokens OOM at CP=1, fit at CP=2
+# A 141 GB H200 would fit the 24-layer step at CP=1 (~100 GiB measured-corrected), so on cards above 100 GiB the
+# default doubles the layers.
+LARGE_CARD_GIB, LARGE_CARD_LAYERS = 100, 48
 
 
 def default_layers() -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs the wheels the GPU checks need into parts that one device call each can carry (64 MiB per call,
 # the ~4.4 MB work tree included), in git-ignored folders .gpu1 .gpu2 ... The machine keeps /tmp while warm
-# (30 s idle), so the calls run back to back; each call can do other work too.
+# (a short idle time), so the calls run back to back; each call can do other work too.
 #
 #   bash scripts/gpu_pack_wheels.sh              fla + tilelang + z3, megatron-core, Hydra, tensordict and Ray
 #                                                (the folders ../shared/tools/gpu_wheels.sh --ray fills): 3 parts
