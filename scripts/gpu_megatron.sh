@@ -49,8 +49,9 @@ for part in $PARTS; do
         versions) run_part versions 60 "$PY" -c "import torch, transformers, megatron.core as m; import fla; \
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'megatron-core', m.__version__, \
 'fla', fla.__version__, torch.cuda.get_device_name())" ;;
-        pytest) run_part pytest "${T_PYTEST:-240}" "$PY" -m pytest -q -s -m gpu -p no:cacheprovider -W ignore \
-                    tests/workers/engine/test_megatron_engine_gpu.py tests/workers/engine/test_megatron_qwen35_gpu.py ;;
+        pytest) run_part pytest "${T_PYTEST:-360}" "$PY" -m pytest -q -s -m gpu -p no:cacheprovider -W ignore \
+                    tests/workers/engine/test_megatron_engine_gpu.py tests/workers/engine/test_megatron_qwen35_gpu.py \
+                    tests/workers/engine/test_megatron_lora_gpu.py tests/models/mcore/test_mcore_lora.py ;;
         grpo) run_part grpo "${T_GRPO:-330}" "$PY" scripts/gpu_megatron.py grpo ;;
         parity) run_part parity "${T_PARITY:-300}" "$PY" scripts/gpu_megatron.py parity ;;
         cp) run_part cp "${T_CP:-300}" "$PY" -m pytest -q -s -m gpu -p no:cacheprovider -W ignore \

@@ -80,8 +80,6 @@ EXPECTED: dict[str, Optional[tuple[str, str]]] = {
     # upstream's own worker asserts the same (mini-batch 32 * n 1 / 8 GPUs = 4 rows per GPU, micro-batches of 8)
     "examples/rollout_correction/run_qwen2_5_7b_fsdp.sh": MICRO,
     "examples/rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": MICRO,
-    # its model.lora.* keys (rank, alpha, lora_A_init_method) work; LoRA itself is built on the FSDP engine only
-    "examples/tuning/lora/run_qwen3_30b_a3b_megatron.sh": ("rule", "LoRA is not built on the Megatron engine"),
     "examples/profile/run_qwen2_5_vl_7b_torch_memory.sh": ("declined", "`actor_rollout_ref.rollout.name` is 'sglang', "
                                                                        "which selects the SGLang rollout engine"),
     "examples/profile/run_qwen3_8b_npu_profile_discrete.sh": NPU_HOST,  # npu.discrete itself is built

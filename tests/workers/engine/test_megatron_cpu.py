@@ -134,10 +134,33 @@ def _problems(overrides):
     return info.value.problems
 
 
-def test_lora_is_refused_on_megatron(qwen35_dir):
+def test_lora_actor_on_megatron_composes_and_merges_for_the_rollout(qwen35_dir):
+    # upstream's Megatron LoRA spelling (model.lora.*, mcore module names); the rollout gets merged weights
+    cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}", "actor_rollout_ref.model.lora.rank=8",
+                                  "actor_rollout_ref.model.lora.alpha=16",
+                                  "actor_rollout_ref.model.lora.target_modules=[linear_qkv,linear_proj]"])
+    model = cfg.actor_rollout_ref.model
+    assert (model.lora_rank, model.lora_alpha, list(model.target_modules)) == (8, 16, ["linear_qkv", "linear_proj"])
+    assert model.lora.merge is True
+    from verl.models.mcore.lora import lora_settings
+
+    s = lora_settings(model)
+    assert (s.rank, s.scaling, s.targets, s.a_init) == (8, 2.0, ("linear_qkv", "linear_proj"), "xavier")
+    with pytest.warns(UserWarning, match="lora.merge=false with actor.strategy=megatron"):
+        cfg = _load(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}", "actor_rollout_ref.model.lora_rank=8",
+                                      "actor_rollout_ref.model.lora.merge=false"])
+    assert cfg.actor_rollout_ref.model.lora.merge is True
+
+
+def test_lora_critic_and_adapter_path_are_refused_on_megatron(qwen35_dir, tmp_path):
+    problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}", "algorithm.adv_estimator=gae",
+                                           "critic.strategy=megatron", "critic.model.lora_rank=8",
+                                           f"critic.model.path={qwen35_dir}"])
+    assert any("`critic.model.lora_rank` > 0 with critic.strategy=megatron" in p for p in problems), problems
     problems = _problems(UPSTREAM_STYLE + [f"actor_rollout_ref.model.path={qwen35_dir}",
-                                           "actor_rollout_ref.model.lora_rank=8"])
-    assert any("`actor_rollout_ref.model.lora_rank`" in p and "megatron" in p.lower() for p in problems), problems
+                                           f"actor_rollout_ref.model.lora_adapter_path={tmp_path}"])
+    assert any("`actor_rollout_ref.model.lora_adapter_path` with actor_rollout_ref.actor.strategy=megatron" in p
+               for p in problems), problems
 
 
 def test_router_aux_loss_is_refused_on_megatron(qwen35_dir):

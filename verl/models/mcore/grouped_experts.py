@@ -42,6 +42,9 @@ class GroupedGemmExperts(SequentialMLP):
         c = self.config
         if self.num_local_experts < 2:
             return "one local expert"
+        if any(getattr(getattr(e, n), "lora_enabled", False) for e in self.local_experts
+               for n in ("linear_fc1", "linear_fc2")):
+            return "LoRA adapters on the experts (each expert's adapter runs in its own linear)"
         if getattr(c, "fp8", None) or getattr(c, "fp4", None):
             return "fp8/fp4 experts"
         if c.moe_apply_probs_on_input:

@@ -10,6 +10,7 @@ the LoRA weight sync reads it (verl/workers/lora.py).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from omegaconf import OmegaConf, open_dict
@@ -56,3 +57,23 @@ def settle_lora_section(cfg: Any) -> None:
         if current == default:
             with open_dict(model):
                 model[flat] = value
+    _megatron_actor_merges(cfg)
+
+
+def _megatron_actor_merges(cfg: Any) -> None:
+    """A LoRA actor on the Megatron engine hands the rollout merged weights (its adapters live on megatron-core's
+    tensor-parallel linears, which no rollout engine loads as adapters), so ``lora.merge`` is true there: the
+    rollout engine is then built without LoRA, as upstream's is under ``merge=True``."""
+    if OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy", default=None) != "megatron":
+        return
+    model = OmegaConf.select(cfg, "actor_rollout_ref.model", default=None)
+    if not OmegaConf.is_config(model) or int(_plain(model.get("lora_rank")) or 0) <= 0:
+        return
+    if _plain(OmegaConf.select(model, "lora.merge", default=None)) is False:
+        warnings.warn("actor_rollout_ref.model.lora.merge=false with actor.strategy=megatron: the Megatron engine "
+                      "syncs merged weights to the rollout (merge=true); separate adapters are built on the FSDP "
+                      "engine only", stacklevel=2)
+    with open_dict(model):
+        if not OmegaConf.is_config(model.get("lora")):
+            model.lora = {}
+        model.lora.merge = True

@@ -10,6 +10,7 @@ padded (B, L) layout. Outputs and metrics are broadcast from the last stage so e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import contextmanager
 from functools import partial
@@ -43,12 +44,26 @@ class MegatronEngine(BaseEngine):
     ``model_config`` the ``model`` section (``path``, ``use_remove_padding`` ...)."""
 
     def __init__(self, model_config: Any, engine_config: Any, optimizer_config: Any = None,
-                 checkpoint_config: Any = None, role: str = "actor", **kwargs):
+                 checkpoint_config: Any = None, role: str = "actor",
+                 share_module_with: Optional["MegatronEngine"] = None, **kwargs):
         require_mcore()
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config, role)
-        if cfg_get(model_config, "lora_rank", 0) or cfg_get(model_config, "lora_adapter_path", None):
-            raise ValueError("LoRA is not supported on the Megatron engine (actor_rollout_ref.model.lora_rank > 0 "
-                             "with strategy=megatron); use strategy=fsdp2 for LoRA, or lora_rank=0")
+        self.lora = None  # LoRA on megatron-core's linears (verl/models/mcore/lora.py): the actor's only
+        if cfg_get(model_config, "lora_adapter_path", None):
+            raise ValueError(f"{self.role_spec.model_section}.lora_adapter_path with strategy=megatron: starting "
+                             "from a saved PEFT adapter is built on the FSDP engine only; a Megatron LoRA run resumes "
+                             "from its own checkpoint (trainer.resume_mode)")
+        if int(cfg_get(model_config, "lora_rank", 0) or 0) > 0 and share_module_with is None:
+            if self.role_spec.value_head or not self.role_spec.trainable:
+                raise ValueError(f"{self.role_spec.model_section}.lora_rank > 0 with strategy=megatron: LoRA is "
+                                 f"built for the Megatron actor (role {role!r} is not); set lora_rank=0 there")
+            from verl.models.mcore.lora import lora_settings
+
+            self.lora = lora_settings(model_config, seed=int(cfg_get(engine_config, "seed", 0) or 0))
+        self.is_lora = self.lora is not None
+        # LoRA's reference policy: the actor's own chunks with the adapters off (no second base model)
+        self.share_module_with = share_module_with
+        self._lora_off = False
         if self.role_spec.trainable and bool(cfg_get(cfg_get(model_config, "mtp", None) or {}, "enable", False)):
             # Config validation refuses this first; an engine built directly must not drop the head silently.
             raise ValueError(f"{self.role_spec.model_section}.mtp.enable=true: multi-token prediction is built on "
@@ -101,6 +116,9 @@ class MegatronEngine(BaseEngine):
         from verl.workers.engine.external_lib import import_external_lib
 
         s = self.settings
+        if self.share_module_with is not None:
+            self._share(self.share_module_with)
+            return
         build.init_parallel_state(s)
         import_external_lib(self.model_config)  # custom models register themselves before the config is read
         path = self.model_path  # a local directory, hub ids fetched into the HF cache
@@ -146,6 +164,10 @@ class MegatronEngine(BaseEngine):
         from .weights import load_initial_weights, seed_master_weights
 
         masters = load_initial_weights(self, chunks, path)
+        if self.lora is not None:
+            from .weights import apply_engine_lora
+
+            masters = apply_engine_lora(self, chunks)
         if self.forward_only:
             for m in chunks:
                 m.requires_grad_(False)
@@ -172,6 +194,19 @@ class MegatronEngine(BaseEngine):
             self._replay = MegatronRouterReplay(self.router_replay_mode, self.model, self.tfconfig.moe_router_topk,
                                                 s.sequence_parallel)
         self._offload_idle()
+
+    def _share(self, other: "MegatronEngine") -> None:
+        """Forward-only view of ``other``'s chunks with the adapters off (the LoRA actor's reference policy)."""
+        mine, theirs = self.settings, other.settings
+        layout = ("tp", "pp", "vpp", "cp", "ep", "etp", "sequence_parallel")
+        differ = [k for k in layout if getattr(mine, k) != getattr(theirs, k)]
+        if differ:
+            raise ValueError(f"{self._prefix}: with LoRA the reference policy runs on the actor's model, so its "
+                             f"parallel layout must be the actor's; {differ} differ")
+        for attr in ("hf_config", "tfconfig", "forward_fn", "converter", "model", "_resident"):
+            setattr(self, attr, getattr(other, attr))
+        self.forward_only = True
+        self._lora_off = True
 
     # ------------------------------------------------------------------ modes / memory
     @contextmanager
@@ -348,10 +383,13 @@ class MegatronEngine(BaseEngine):
             max_len = max(int(mb["input_ids"].size(-1)) for mb in micro)
         if replay is not None:
             replay.begin_batch()
+        adapters = self._adapter_context()
         try:
-            get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=feed, model=self.model[0] if single else self.model,
-                num_microbatches=n_micro, seq_length=max_len, micro_batch_size=1, forward_only=forward_only)
+            with adapters:
+                get_forward_backward_func()(
+                    forward_step_func=forward_step, data_iterator=feed,
+                    model=self.model[0] if single else self.model, num_microbatches=n_micro, seq_length=max_len,
+                    micro_batch_size=1, forward_only=forward_only)
             if record:  # collective: every rank takes part, the last stage keeps them with its outputs
                 routes = replay.recorded_routes(micro)
                 for index, outs in collected:
@@ -362,6 +400,13 @@ class MegatronEngine(BaseEngine):
         result = self._assemble(collected, groups, want)
         summed = getattr(loss_fn, "summed_metrics", ())
         return self._broadcast_from_last_stage({"outputs": result, "metrics": accumulate_metrics(metrics, summed)})
+
+    def _adapter_context(self):
+        if not self._lora_off:
+            return contextlib.nullcontext()
+        from verl.models.mcore.lora import lora_disabled
+
+        return lora_disabled(self.model)
 
     def _pack(self, mb: dict):
         """The micro-batch as one THD row (None without remove-padding); under sequence parallelism its length

@@ -63,9 +63,14 @@ def _role_problems(cfg: DictConfig, role_key: str, model_key: str, check_model: 
     section = _select(cfg, f"{role_key}.megatron") or {}
     prefix = f"{role_key}.megatron"
     problems = settings_problems(section, prefix)
-    if (_select(cfg, f"{model_key}.lora_rank", 0) or 0) > 0 or _select(cfg, f"{model_key}.lora_adapter_path"):
-        problems.append(f"`{model_key}.lora_rank` > 0 with {role_key}.strategy=megatron: LoRA is not built on the "
-                        f"Megatron engine (see {_DOCS}); use strategy=fsdp2 for LoRA, or set lora_rank=0.")
+    if (_select(cfg, f"{model_key}.lora_rank", 0) or 0) > 0 and role_key == "critic":
+        problems.append(f"`{model_key}.lora_rank` > 0 with {role_key}.strategy=megatron: LoRA on the Megatron "
+                        f"engine is built for the actor (see {_DOCS}); use strategy=fsdp2 for a LoRA critic, or set "
+                        "lora_rank=0.")
+    if _select(cfg, f"{model_key}.lora_adapter_path"):
+        problems.append(f"`{model_key}.lora_adapter_path` with {role_key}.strategy=megatron: starting from a saved "
+                        f"PEFT adapter is built on the FSDP engine only (see {_DOCS}); a Megatron LoRA run resumes "
+                        "from its own checkpoint.")
     if _select(cfg, f"{model_key}.enable_router_aux_loss", False):
         problems.append(f"`{model_key}.enable_router_aux_loss=true` with {role_key}.strategy=megatron: the MoE "
                         "load-balancing loss is built on the FSDP engine only (Megatron's router trains without "

@@ -19,6 +19,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from verl.models.mcore.lora import export_data, is_lora_param
 from verl.utils.megatron_utils import unwrap_model
 
 # ``engine`` arguments are the MegatronEngine (verl.workers.engine.megatron.engine), which calls in here; its
@@ -134,6 +135,14 @@ def _is_new_head(name: str, engine: "MegatronEngine") -> bool:
     return engine.role_spec.value_head and name.startswith("output_layer.")
 
 
+def _exported(engine: "MegatronEngine", local: str) -> bool:
+    """Whether a parameter has a Hugging Face counterpart: not the critic's value head (no causal-LM twin), not a
+    LoRA factor (merged into the weight it adapts on export, verl/models/mcore/lora.py)."""
+    if engine.role_spec.value_head and local.startswith("output_layer."):
+        return False
+    return not is_lora_param(local)
+
+
 def _param_entries(engine: "MegatronEngine") -> list[tuple]:
     """This rank's (local name, global name, param, is_expert, partition dim, gathered shape), chunk order."""
     conv = engine.converter
@@ -145,8 +154,8 @@ def _param_entries(engine: "MegatronEngine") -> list[tuple]:
     for vp_stage, chunk in enumerate(engine.model):
         for local, param in unwrap_model(chunk).named_parameters():
             local = conv.strip_wrapper_prefix(local)
-            if engine.role_spec.value_head and local.startswith("output_layer."):
-                continue  # the value head has no Hugging Face causal-LM counterpart
+            if not _exported(engine, local):
+                continue
             glob = conv.global_mcore_name(local, engine.hf_config, layout, pp_rank=r["pp"], vp_stage=vp_stage,
                                           ep_rank=r["ep"])
             expert = conv.is_expert_param(glob)
@@ -196,7 +205,7 @@ def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, tor
         for local, glob, expert, dim, shape, dtype, vp in meta:
             if stage == my_pp:
                 param = by_local[(vp, local)][2]
-                parts = _gather_over(param.data, etp_group if expert else tp_group, dim)
+                parts = _gather_over(export_data(param), etp_group if expert else tp_group, dim)
                 full = parts[0] if dim is None else torch.cat(parts, dim=dim)
             else:
                 full = torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
@@ -220,7 +229,7 @@ def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, tor
 def _with_vp(engine, entries):
     """Pair each entry with its virtual stage (entries are built chunk by chunk)."""
     def kept(name: str) -> bool:
-        return not (engine.role_spec.value_head and engine.converter.strip_wrapper_prefix(name).startswith("output_layer."))
+        return _exported(engine, engine.converter.strip_wrapper_prefix(name))
 
     counts = [sum(1 for n, _ in unwrap_model(c).named_parameters() if kept(n)) for c in engine.model]
     i = 0
@@ -272,3 +281,24 @@ def sync_hf_module(engine: "MegatronEngine", module: torch.nn.Module) -> None:
         if name in params:
             params[name].copy_(tensor.to(params[name].dtype))
     check_coverage(params.keys(), written)
+
+
+def apply_engine_lora(engine: "MegatronEngine", chunks: list) -> list[dict]:
+    """Adapters on the selected linears, everything else frozen (before DDP, which buckets trainable parameters
+    only). The frozen base needs no fp32 master weights: returns empty ones (see :func:`seed_master_weights`)."""
+    from verl.models.mcore.lora import apply_lora
+
+    layout, r = layout_of(engine), _ranks()
+
+    def global_name(vp_stage: int, local: str) -> str:
+        return engine.converter.global_mcore_name(local, engine.hf_config, layout, pp_rank=r["pp"],
+                                                  vp_stage=vp_stage, ep_rank=r["ep"])
+
+    s = engine.settings
+    adapted = apply_lora(chunks, engine.lora, global_name, expert_tp=s.etp if s.etp is not None else s.tp)
+    trainable = sum(p.numel() for m in chunks for p in m.parameters() if p.requires_grad)
+    total = sum(p.numel() for m in chunks for p in m.parameters())
+    logger.warning("%s: LoRA rank %d (alpha %s) on %d linears (%s); %d of %d parameters of this rank train",
+                   engine._prefix, engine.lora.rank, engine.lora.alpha, len(adapted),
+                   ", ".join(sorted({n.rsplit(".", 1)[-1] for n in adapted})), trainable, total)
+    return [{} for _ in chunks]
