@@ -50,6 +50,7 @@ def _engine(model_config: dict, role: str = "actor") -> MegatronEngine:
     e._model_dir = None
     e.processing_class = None
     e.router_replay_mode = "disabled"
+    e.share_module_with, e.lora = None, None
     return e
 
 

@@ -29,9 +29,14 @@ def require_mcore() -> None:
         raise ImportError(_INSTALL_HINT.format(v=want) + f" Found megatron-core {version}.")
 
 
+# Declined on purpose, like the VeOmni and Megatron-lite engines: one way to shard parameters over data-parallel ranks.
+_MEGATRON_FSDP = ("Megatron-FSDP is left out on purpose: sharding parameters over the data-parallel ranks is the "
+                  "fsdp2 strategy's job here (torch FSDP2), and the Megatron engine shards the optimizer state with "
+                  "use_distributed_optimizer=true (its default); use one of those")
+
 # Keys whose only supported value is the default: anything else is refused with the reason.
 _ONLY_DEFAULT = {
-    "use_megatron_fsdp": (False, "Megatron-FSDP is not built here; use use_distributed_optimizer=true"),
+    "use_megatron_fsdp": (False, _MEGATRON_FSDP),
     "dynamic_context_parallel": (False, "dynamic context parallelism is not built here"),
     "override_mcore_model_config": ({}, "there is no bridge model config here; put TransformerConfig fields "
                                         "in override_transformer_config"),
@@ -114,8 +119,7 @@ def settings_problems(section: Mapping, prefix: str = "actor_rollout_ref.actor.m
     if isinstance(ddp, dict):
         for key in ("use_megatron_fsdp", "use_custom_fsdp"):
             if ddp.get(key):
-                problems.append(f"{prefix}.override_ddp_config.{key} is not supported "
-                                "(Megatron-FSDP is not built here).")
+                problems.append(f"{prefix}.override_ddp_config.{key} is not supported: {_MEGATRON_FSDP}.")
     if _get(section, "use_dist_checkpointing", False) is False and _get(section, "dist_checkpointing_path"):
         problems.append(f"{prefix}.dist_checkpointing_path is set but use_dist_checkpointing is false; "
                         "set use_dist_checkpointing=true to start from that checkpoint, or drop the path.")

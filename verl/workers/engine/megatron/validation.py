@@ -103,7 +103,13 @@ def megatron_problems(cfg: DictConfig) -> list[str]:
                                                              or _select(cfg, f"{actor}.use_kl_loss", False))):
         # The reference engine reads its own section (its override_transformer_config follows the actor's unless
         # set, e.g. `+actor_rollout_ref.ref.megatron.override_transformer_config.<field>=...`).
-        problems += settings_problems(_select(cfg, f"{ref}.megatron") or {}, f"{ref}.megatron")
+        for problem in settings_problems(_select(cfg, f"{ref}.megatron") or {}, f"{ref}.megatron"):
+            twin = problem.replace(f"{ref}.megatron", f"{actor}.megatron")
+            if twin in problems:  # the same refusal as the actor's (a script sets both): said once, for both
+                said = twin.split(" ", 1)
+                problems[problems.index(twin)] = f"{said[0]} (and the same under {ref}.megatron) {said[1]}"
+            else:
+                problems.append(problem)
     critic_used = _select(cfg, "critic.enable")
     if critic_used is None:
         critic_used = _select(cfg, "algorithm.adv_estimator") == "gae"
