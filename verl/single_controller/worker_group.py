@@ -133,16 +133,13 @@ class ColocatedWorker:
 
 
 def _limit_cpu_threads() -> None:
-    """On CPU, one intra-op thread per worker by default: OpenMP threads that spin on a busy 2-core box
-    made small-model steps tens of times slower. VERL_CPU_THREADS overrides."""
-    import os
-
+    """On CPU, the in-process worker's intra-op threads (:func:`verl.utils.device.cpu_threads_per_worker`)."""
     import torch
 
-    from verl.utils.device import get_device_name
+    from verl.utils.device import cpu_threads_per_worker, get_device_name
 
     if get_device_name() == "cpu":
-        torch.set_num_threads(max(1, int(os.environ.get("VERL_CPU_THREADS", "1"))))
+        torch.set_num_threads(cpu_threads_per_worker(1))
 
 
 class LocalWorkerGroup(WorkerGroup):

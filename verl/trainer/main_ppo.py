@@ -128,7 +128,9 @@ def launch_workers(cfg: DictConfig, specs: dict) -> dict:
 
     init_ray(cfg)
     on_cpu = device == "cpu"
-    threads = int(os.environ.get("VERL_CPU_THREADS", "1"))
+    from verl.utils.device import cpu_threads_per_worker
+
+    threads = cpu_threads_per_worker(cfg.trainer.n_gpus_per_node)
     pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, use_gpu=not on_cpu,
                            cpus_per_worker=1, device_resource="NPU" if device == "npu" else "GPU")
     env = {"OMP_NUM_THREADS": str(threads), "VERL_CPU_THREADS": str(threads)}

@@ -10,7 +10,6 @@ torch.distributed group; weights travel from the trainer pool's rank 0 through t
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from pathlib import Path
 
@@ -67,7 +66,9 @@ def launch_pools(cfg: DictConfig, use_critic: bool) -> dict:
 
     init_ray(cfg)
     device = get_device_name()
-    threads = int(os.environ.get("VERL_CPU_THREADS", "1"))
+    from verl.utils.device import cpu_threads_per_worker
+
+    threads = cpu_threads_per_worker(cfg.trainer.n_gpus_per_node + cfg.rollout.n_gpus_per_node)
     env = {"OMP_NUM_THREADS": str(threads), "VERL_CPU_THREADS": str(threads)}
 
     def pool(per_node: int, nnodes: int) -> RayResourcePool:
