@@ -53,8 +53,9 @@ class MegatronEngine(BaseEngine):
             raise ValueError(f"{self.role_spec.model_section}.lora_adapter_path with strategy=megatron: starting "
                              "from a saved PEFT adapter is built on the FSDP engine only; a Megatron LoRA run resumes "
                              "from its own checkpoint (trainer.resume_mode)")
-        if int(cfg_get(model_config, "lora_rank", 0) or 0) > 0 and share_module_with is None:
-            if self.role_spec.value_head or not self.role_spec.trainable:
+        # A frozen role (the reference) built on its own is the base model: exactly a LoRA actor's reference.
+        if int(cfg_get(model_config, "lora_rank", 0) or 0) > 0 and self.role_spec.trainable:
+            if self.role_spec.value_head:
                 raise ValueError(f"{self.role_spec.model_section}.lora_rank > 0 with strategy=megatron: LoRA is "
                                  f"built for the Megatron actor (role {role!r} is not); set lora_rank=0 there")
             from verl.models.mcore.lora import lora_settings
