@@ -7,6 +7,7 @@
 #                                                (the folders ../shared/tools/gpu_wheels.sh --ray fills): 3 parts
 #   bash scripts/gpu_pack_wheels.sh --vllm       the same without Ray, plus the CUDA vLLM tree
 #                                                (gpu_wheels.sh --vllm): 4 parts
+#   bash scripts/gpu_pack_wheels.sh --vllm --ray all of it (gpu_wheels.sh --ray --vllm): 6 parts
 # On the device, for N parts:
 #   calls 1..N-1 (carry .gpuK):  mkdir -p /tmp/gparts && cp .gpuK/part_* /tmp/gparts/
 #   call N (carry .gpuN):        cat /tmp/gparts/part_* .gpuN/part_* | tar -xf - -C /tmp &&
@@ -15,16 +16,20 @@
 #   then:                        export PYTHONPATH=/tmp/site:$PWD
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-want_vllm=
-case "${1:-}" in
-    --vllm) want_vllm=1 ;;
-    "") ;;
-    *) echo "usage: $0 [--vllm]" >&2; exit 2 ;;
-esac
+want_vllm= want_ray=
+for a in "$@"; do
+    case $a in
+        --vllm) want_vllm=1 ;;
+        --ray) want_ray=1 ;;
+        *) echo "usage: $0 [--vllm [--ray]]" >&2; exit 2 ;;
+    esac
+done
+[[ $want_vllm ]] || want_ray=1  # without vLLM the set is the Ray one (the default)
 need=(.whl .whlz)
-if [[ $want_vllm ]]; then need+=(.vllmA); else need+=(.rayA .rayB); fi
+[[ $want_vllm ]] && need+=(.vllmA)
+[[ $want_ray ]] && need+=(.rayA .rayB)
 for d in "${need[@]}"; do
-    [ -d "$d" ] || { echo "missing $d: run ../shared/tools/gpu_wheels.sh ${want_vllm:+--vllm}${want_vllm:---ray} first" >&2; exit 1; }
+    [ -d "$d" ] || { echo "missing $d: run ../shared/tools/gpu_wheels.sh${want_ray:+ --ray}${want_vllm:+ --vllm} first" >&2; exit 1; }
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -34,7 +39,8 @@ members=(w)
 if [[ $want_vllm ]]; then
     cat .vllm[A-Z]/part_* > "$tmp/vllm-site.tar.xz"
     members+=(vllm-site.tar.xz)
-else
+fi
+if [[ $want_ray ]]; then
     cat .rayA/part_* .rayB/part_* > "$tmp/w/ray-2.58.1-cp312-cp312-manylinux2014_x86_64.whl"
     cp .rayB/deps/*.whl "$tmp/w/"
 fi
