@@ -206,8 +206,6 @@ def cpu_threads_per_worker(workers_on_node: int) -> int:
     cores). OpenMP threads spin while they wait for each other, so on an oversubscribed box (several such
     processes per core) small-model steps ran tens of times slower; on a quiet 2-core host the one-worker demo
     steps in 0.39 s with 2 threads against 0.54 s with 1 (2026-11-27, docs/advance/performance.md)."""
-    import os
-
     env = os.environ.get("VERL_CPU_THREADS")
     if env:
         return max(1, int(env))
@@ -219,4 +217,3 @@ def cpu_threads_per_worker(workers_on_node: int) -> int:
     if load >= cores:
         return 1
     return max(1, cores // max(1, workers_on_node))
-
