@@ -65,16 +65,21 @@ def test_fully_async_keeps_several_chunks_in_flight(tmp_path):
 
 
 def test_fully_async_partial_rollout_continues_responses_across_syncs(tmp_path):
-    """async_training.partial_rollout=true with two chunks in flight and responses of up to 64 tokens: weights go
-    in while chunks decode (paused_at_sync, never drained_at_sync), the responses live at a sync go on with the
-    new weights (fully_async/partial/*: each token carries its version), and the staleness bound, counted from a
+    """async_training.partial_rollout=true with two chunks in flight and responses of 128 tokens: weights go in
+    while chunks decode (paused_at_sync, never drained_at_sync), the responses live at a sync go on with the new
+    weights (fully_async/partial/*: each token carries its version), and the staleness bound, counted from a
     response's oldest token, holds."""
+    # Whether a response is live at a sync is a race between the trainer's step and the decode. Responses that
+    # always run to 128 tokens (ignore_eos) keep the rollout pool decoding at every sync from the second on, and
+    # five steps leave two steps to train on the chunks paused there (a chunk goes into the queue behind up to a
+    # step's worth of older chunks). With 64 tokens, EOS on and four steps, a loaded CI machine once saw none.
     _, rec = run_async("fully_async", tmp_path, FAST + [
-        "data.gen_batch_size=2", "trainer.total_training_steps=4", "async_training.staleness_threshold=1",
+        "data.gen_batch_size=2", "trainer.total_training_steps=5", "async_training.staleness_threshold=1",
         "async_training.trigger_parameter_sync_step=1", "async_training.concurrent_samples_per_replica=4",
-        "async_training.partial_rollout=true", "data.max_response_length=64"])
+        "async_training.partial_rollout=true", "data.max_response_length=128",
+        "actor_rollout_ref.rollout.ignore_eos=true"])
     steps = train_records(rec)
-    assert sorted(steps) == [1, 2, 3, 4]
+    assert sorted(steps) == [1, 2, 3, 4, 5]
     for s in steps.values():
         assert s["fully_async/rollouter/partial_rollout"] == 1.0
         assert s["fully_async/rollouter/drained_at_sync"] == 0
