@@ -9,6 +9,8 @@
 # (async_training.partial_rollout, upstream's default) pauses them between two decode steps instead, installs the
 # new weights and continues the unfinished responses with them (their prefixes re-prefilled; every token records
 # the version it was sampled with). It is off here until a GPU run has checked it.
+# ROLLOUT_NAME=vllm makes vLLM the rollout GPU's engine (the `vllm` extra; its engine keeps the chunks in flight
+# with its own continuous batching, and partial rollout resubmits the unfinished responses after a sync).
 # See docs/advance/async_rl.md.
 # Data: .venv/bin/python examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 # Model: a local copy of Qwen3.5-0.8B (no hub is contacted), e.g. MODEL_PATH=$HOME/models/Qwen3.5-0.8B
@@ -34,7 +36,7 @@ DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
     actor_rollout_ref.actor.optim.lr=1e-6 \
     actor_rollout_ref.actor.ppo_mini_batch_size=32 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
-    actor_rollout_ref.rollout.name=hf \
+    actor_rollout_ref.rollout.name="${ROLLOUT_NAME:-hf}" \
     actor_rollout_ref.rollout.n=8 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
     async_training.staleness_threshold=0.5 \

@@ -51,8 +51,9 @@ class CliArgs:
     demo_fallback: bool = False  # the demo was chosen because no model path was given
 
 
-def resolve_config_path(value: str) -> Path:
-    """``--config-path`` as Hydra reads it for a main module in ``verl/trainer/``."""
+def resolve_config_path(value: str, main_dir: Path = MAIN_MODULE_DIR) -> Path:
+    """``--config-path`` as Hydra reads it for a main module in ``main_dir`` (``verl/trainer/``; an asynchronous
+    mode's entry point passes its own package's folder, where upstream's scripts find ``config``)."""
     if value.startswith("pkg://"):
         package = value[len("pkg://"):].replace("/", ".")
         spec = importlib.util.find_spec(package)
@@ -62,14 +63,21 @@ def resolve_config_path(value: str) -> Path:
     if value.startswith("file://"):
         value = value[len("file://"):]
     path = Path(value).expanduser()
-    return (path if path.is_absolute() else MAIN_MODULE_DIR / path).resolve()
+    return (path if path.is_absolute() else main_dir / path).resolve()
+
+
+def _shown(folder: Path) -> str:
+    """A folder of this package as a reader finds it (``verl/trainer``), else as it is."""
+    root = MAIN_MODULE_DIR.parents[1]
+    return str(folder.relative_to(root)) if folder.is_relative_to(root) else str(folder)
 
 
 def _sets_model_path(overrides: list[str]) -> bool:
     return any(o.lstrip("+~").split("=", 1)[0] == MODEL_PATH_KEY for o in overrides)
 
 
-def parse_args(argv: list[str]) -> CliArgs:
+def parse_args(argv: list[str], main_dir: Path = MAIN_MODULE_DIR) -> CliArgs:
+    """``main_dir``: the entry point's folder, the base of a relative ``--config-path``."""
     values: dict[str, str] = {}
     rest: list[str] = []
     resolve = show_help = False
@@ -96,10 +104,10 @@ def parse_args(argv: list[str]) -> CliArgs:
     cfg = values.get("cfg")
     if cfg is not None and cfg not in ("job", "all", "hydra"):
         raise CliError(f"--cfg={cfg!r}: use job (the training config), all, or hydra.")
-    config_dir = resolve_config_path(values["config_path"]) if "config_path" in values else None
+    config_dir = resolve_config_path(values["config_path"], main_dir) if "config_path" in values else None
     if config_dir is not None and not config_dir.is_dir():
         raise CliError(f"--config-path={values['config_path']!r} resolves to {config_dir}, which is not a folder "
-                       "(a relative --config-path is relative to verl/trainer/, as Hydra resolves it).")
+                       f"(a relative --config-path is relative to {_shown(main_dir)}/, as Hydra resolves it).")
     name = values.get("config_name")
     demo_fallback = False
     if name is None:
@@ -221,7 +229,8 @@ def _missing_config_text(exc) -> str:
         return text + ". See `python -m verl.trainer.main_ppo --help` for every group."
     text = f"Config error: {message.rstrip('.')}."
     return text + (" Pass --config-name with a YAML file of the --config-path folder (a relative --config-path "
-                   "is relative to verl/trainer/, as in Hydra); `--help` lists the configs.")
+                   "is relative to the entry point's folder, verl/trainer/ for main_ppo, as in Hydra); `--help` "
+                   "lists the configs.")
 
 
 def print_config(cfg, args: CliArgs) -> None:

@@ -62,6 +62,19 @@ def build_engine(role_cfg: DictConfig, model_cfg: DictConfig, role: str, trainab
                **kwargs)
 
 
+def _generation_config(model_cfg):
+    """The checkpoint's generation config (its EOS ids), read from the files where no module is loaded; None
+    where the checkpoint has none (the tokenizer's EOS stands alone then, as with a module built without one)."""
+    from transformers import GenerationConfig
+
+    from verl.utils.model_path import model_config_dir
+
+    try:
+        return GenerationConfig.from_pretrained(model_config_dir(model_cfg))
+    except OSError:
+        return None
+
+
 def _rng_state() -> dict:
     device = get_torch_device()
     on_device = get_device_name() != "cpu" and device.is_available()
@@ -135,10 +148,14 @@ class ActorRolloutRefWorker(Worker):
         if self._is_actor and self._distillation_section() is not None:
             self._build_teacher()
         if self._is_rollout and not self._is_actor:
-            # A rollout pool of its own (asynchronous modes): the policy copy it generates with, synced from the
-            # trainer pool by load_rollout_weights; weight_version counts those syncs.
-            self.actor_engine = build_engine(cfg.actor, cfg.model, "rollout", trainable=False)
-            self.actor_engine.initialize()
+            # A rollout pool of its own (asynchronous modes), synced from the trainer pool by
+            # load_rollout_weights; weight_version counts those syncs. An engine that generates with a training
+            # module (hf) gets a policy copy to generate with; one that holds its own weights (vLLM) needs none.
+            from verl.workers.rollout.base import get_rollout_class
+
+            if getattr(get_rollout_class(cfg.rollout.name), "generates_with_training_module", False):
+                self.actor_engine = build_engine(cfg.actor, cfg.model, "rollout", trainable=False)
+                self.actor_engine.initialize()
             self.weight_version = 0
         if self._is_rollout:
             self._build_rollout()
@@ -201,11 +218,15 @@ class ActorRolloutRefWorker(Worker):
         # A registered rollout may be a factory function or a duck-typed class: only those that say so share the
         # actor's module (BaseRollout.generates_with_training_module).
         shares_module = bool(getattr(cls, "generates_with_training_module", False))
-        module = self.actor_engine.hf_rollout_module() if shares_module else self.actor_engine.module
+        module = None  # a rollout pool's vLLM engine has no training module beside it
+        if self.actor_engine is not None:
+            module = self.actor_engine.hf_rollout_module() if shares_module else self.actor_engine.module
         self.rollout = cls(config=rcfg, model_config=self.config.model, tokenizer=self.tokenizer,
                            module=module if shares_module else None, processor=self.processor)
         eos = self.tokenizer.eos_token_id
-        gen_eos = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
+        generation_config = getattr(module, "generation_config", None) if module is not None else \
+            _generation_config(self.config.model)
+        gen_eos = getattr(generation_config, "eos_token_id", None)
         ids = {eos} if eos is not None else set()
         ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else ([gen_eos] if gen_eos is not None else []))
         self.eos_ids = sorted(ids)
@@ -222,8 +243,11 @@ class ActorRolloutRefWorker(Worker):
         # An engine shared by consecutive ranks (vLLM TP under the external launcher) needs one batch on all of
         # them, whatever replica each rank serves for the actor (Megatron's ranks are pipeline-outermost).
         self._rollout_group = consecutive_group(int(getattr(self.rollout, "spmd_ranks", 1) or 1))
-        # Sleep after generating, wake weights -> sync -> wake KV cache before generating (free_cache_engine).
-        self.rollout_cycle = RolloutCycle(self.rollout, self._sync_rollout_weights)
+        # Sleep after generating, wake weights -> sync -> wake KV cache before generating (free_cache_engine). A
+        # rollout pool of its own shares its devices with no trainer and gets weights only by
+        # load_rollout_weights: its engine stays awake.
+        self.rollout_cycle = RolloutCycle(self.rollout, self._sync_rollout_weights,
+                                          dedicated=self._is_rollout and not self._is_actor)
 
     def _sync_rollout_weights(self):
         """Weights from the actor engine's parameter generator (adapter-only for LoRA where the rollout can
@@ -257,9 +281,6 @@ class ActorRolloutRefWorker(Worker):
         graphs stay valid), and the unfinished responses go on with them."""
         if self._is_actor:
             raise RuntimeError("load_rollout_weights is for a rollout pool of its own (role 'rollout')")
-        if not getattr(self.rollout, "generates_with_training_module", False):
-            raise NotImplementedError(f"rollout.name={self.config.rollout.name!r}: the asynchronous modes run the "
-                                      "built-in engine (rollout.name=hf) as their rollout server so far")
         from verl.workers.weight_sync.receive import load_hf_weights
 
         pipeline = getattr(self, "_pipeline", None)
@@ -268,6 +289,9 @@ class ActorRolloutRefWorker(Worker):
                                "chunk must be generated with one weight version (collect them first)")
 
         def install():
+            if self.actor_engine is None:  # an engine holding its own weights (vLLM): its reload
+                self.rollout.update_weights(iter(weights))
+                return
             load_hf_weights(self.actor_engine.module, weights)
             self.actor_engine.sync_hf_rollout_module()
 
@@ -289,10 +313,9 @@ class ActorRolloutRefWorker(Worker):
     def submit_generation(self, prompts: DataProto, tag: int, depth: int) -> None:
         """Start generating this rank's part of chunk ``tag`` and return at once; ``depth``: how many chunks the
         caller keeps in flight (sizes the slot cache). The chunk is generated with the weights held now."""
-        from verl.workers.rollout.pipelined import ChunkPipeline
-
         if getattr(self, "_pipeline", None) is None:
-            self._pipeline = ChunkPipeline(self.rollout, self.config.rollout, self.eos_ids, self.pad_token_id)
+            self._pipeline = self.rollout.chunk_pipeline_class(self.rollout, self.config.rollout, self.eos_ids,
+                                                               self.pad_token_id)
             self._pipeline_started = {}
         prompts.meta_info.setdefault("response_length", self.config.rollout.response_length)
         if not self._pipeline.pending():

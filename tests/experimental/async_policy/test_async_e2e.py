@@ -100,7 +100,6 @@ def test_fully_async_partial_rollout_continues_responses_across_syncs(tmp_path):
 @pytest.mark.parametrize("override,needle", [
     ("async_training.partial_rollout=true actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
      "enable_rollout_routing_replay"),
-    ("actor_rollout_ref.rollout.name=vllm", "rollout.name"),
     ("trainer.launcher=local", "trainer.launcher"),
     ("async_training.concurrent_samples_per_replica=0", "async_training.concurrent_samples_per_replica"),
 ])

@@ -65,6 +65,14 @@ def test_free_cache_engine_needs_sleep_mode():
     assert kw["enable_sleep_mode"] is False
 
 
+def test_enable_sleep_mode_defaults_on_and_takes_upstreams_plus_form():
+    """Upstream's YAML leaves enable_sleep_mode out (its dataclass defaults it to true), so its scripts add it
+    with `+`; here the key is null (on), which Hydra lets `+` set."""
+    assert _llm()["enable_sleep_mode"] is True
+    kw = _llm("actor_rollout_ref.rollout.free_cache_engine=false", "+actor_rollout_ref.rollout.enable_sleep_mode=False")
+    assert kw["enable_sleep_mode"] is False
+
+
 def test_checkpoint_engine_backend_chooses_the_server_collective():
     assert server_backend(_cfg().rollout, "cpu") is None  # naive: the engine lives in the trainer process
     assert server_backend(_cfg("actor_rollout_ref.rollout.checkpoint_engine.backend=gloo").rollout, "cpu") == "gloo"

@@ -75,6 +75,8 @@ def test_greedy_and_logprobs():
     assert kw["temperature"] == 0.0 and kw["top_p"] == 1.0 and kw["logprobs"] is None
     assert kw["stop_token_ids"] == [7] and kw["detokenize"] is False
     assert vllm_sampling_kwargs(SamplingParams())["logprobs"] == 0  # sampled token's log-prob only
+    # the stop ids are the whole list: vLLM adds no EOS of the checkpoint's generation config (rollout.ignore_eos)
+    assert vllm_sampling_kwargs(SamplingParams(stop_token_ids=[]))["ignore_eos"] is True
 
 
 def _completion(ids, lps, reason):

@@ -61,3 +61,14 @@ def test_a_sleep_that_discards_weights_forces_a_sync():
     rec.events.clear()
     cycle.before_generate()  # nothing changed, but a level-2 sleep dropped the weights
     assert ("sync",) in rec.events
+
+
+def test_a_dedicated_engine_never_sleeps_and_is_never_synced_by_the_cycle():
+    """A rollout pool of its own (asynchronous modes): nothing to hand back to a trainer, and its weights arrive
+    through load_rollout_weights, not the cycle."""
+    rec = _Recorder()
+    cycle = RolloutCycle(rec, lambda: rec.events.append(("sync",)), dedicated=True)
+    cycle.weights_changed()
+    cycle.before_generate()
+    cycle.after_generate()
+    assert rec.events == []

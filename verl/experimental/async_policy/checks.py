@@ -35,9 +35,6 @@ def async_problems(cfg: DictConfig, mode: str) -> list[str]:
     arr = cfg.actor_rollout_ref
     if cfg.trainer.get("launcher", "ray") != "ray":
         problems.append("trainer.launcher: the asynchronous modes run two Ray resource pools; set trainer.launcher=ray")
-    if arr.rollout.name != "hf":
-        problems.append(f"actor_rollout_ref.rollout.name={arr.rollout.name!r}: the asynchronous modes run the built-in "
-                        "engine (rollout.name=hf) as their rollout server so far")
     for key in ("nnodes", "n_gpus_per_node"):
         value = cfg.rollout.get(key)
         if not isinstance(value, int) or value < 1:

@@ -36,8 +36,8 @@ def load_async_config(argv: list[str], mode: str, check_host: bool = False) -> D
     from verl.trainer.main_ppo import _MODEL_KEYS
     from verl.trainer.preflight import host_problems, validate_in_order
 
-    args = cli.parse_args(argv)
     folder, real, demo = CONFIGS[mode]
+    args = cli.parse_args(argv, main_dir=folder.parent)  # upstream's scripts pass --config-path=config
     named = any(a.startswith(("--config-name", "-cn")) for a in argv)
     name = args.config_name if named else (real if cli._sets_model_path(args.overrides) else demo)
     register_resolver()
@@ -105,7 +105,7 @@ def main(mode: str, argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = cli.parse_args(argv)
+        args = cli.parse_args(argv, main_dir=CONFIGS[mode][0].parent)
         if args.help:
             print(cli.help_text(args.config_dir or CONFIGS[mode][0]))
             return 0

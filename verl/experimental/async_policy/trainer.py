@@ -30,12 +30,13 @@ logger = logging.getLogger(__name__)
 
 QUEUE_POLICY = "dropped"  # what a checkpoint keeps of the queue (see the module docstring)
 
-# The decode engine's counts over disjoint stretches of its work (each chunk's collect reports the stretch since
+# The engines' chunk-pipeline counts over disjoint stretches of their work (each chunk's collect reports the stretch since
 # the previous one): a step's figures are their sums, so 1 - slot_steps / (decode_steps x slots) stays the share
 # of idle decode slots over the step; everything else combines as the synchronous trainer's ranks do.
 _SUMMED = tuple(f"perf/hf_engine/{k}" for k in ("decode_steps", "slot_steps", "prefills", "prefill_tokens",
                                                   "prefill_s", "capture_s", "warmup_s", "pauses", "paused_s",
-                                                  "reprefills", "reprefill_tokens", "reprefill_s"))
+                                                  "reprefills", "reprefill_tokens", "reprefill_s")) + \
+    tuple(f"perf/vllm/{k}" for k in ("steps", "pauses", "reprefills", "reprefill_tokens"))
 
 
 def combine_chunk_metrics(per_chunk: list[dict]) -> dict:
@@ -93,8 +94,10 @@ class AsyncPPOTrainer(RayPPOTrainer):
         wanted = bool((self.config.get("async_training") or {}).get("partial_rollout", False))
         partial = wanted and pipelining
         if wanted and not partial:
-            logger.warning("async_training.partial_rollout: this rollout pool cannot keep a decode session open "
-                           "(no decode runner for this model); weights go in between chunks instead")
+            logger.warning("async_training.partial_rollout: this rollout pool cannot keep chunks in flight (its "
+                           "engine has no chunk pipeline here: the built-in engine without a decode runner for "
+                           "this model, vLLM with ranks sharing an engine or recording routes, or a vLLM "
+                           "server); weights go in between chunks instead")
         pool = RolloutPool(self, depth, session=pipelining and (depth > 1 or partial))
         self.rollouter = Rollouter(self.schedule, pool, self._batch_stream(), self.train_dataloader.state_dict,
                                    version=self.param_version, depth=depth, partial=partial)

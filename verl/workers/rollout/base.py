@@ -68,6 +68,12 @@ class BaseRollout(ABC):
     #: parallelism under its external launcher). Every rank of such a block must be handed the same requests;
     #: the worker regroups the dispatched prompts for it (``verl.workers.sp_regroup.compute_in_group``).
     spmd_ranks: int = 1
+    #: A rollout pool of its own (the asynchronous modes) keeps several chunks in flight in one decode session and
+    #: installs weights while they decode (partial rollout) through this class, constructed as ``cls(rollout,
+    #: rollout_cfg, eos_ids, pad_token_id)`` with ``pending / submit / ready / swap_weights / collect``
+    #: (:class:`verl.workers.rollout.pipelined.ChunkPipeline` is the built-in engine's); None: this engine
+    #: generates one chunk per call.
+    chunk_pipeline_class: Optional[type] = None
 
     @abstractmethod
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[GenerationOutput]]:

@@ -42,6 +42,15 @@ class HFRollout(BaseRollout):
         self.last_stats: dict = {}
 
     @property
+    def chunk_pipeline_class(self):
+        """Chunks in flight share the decode loop's session: only where the decode runner runs the model."""
+        if not self.decode_engine:
+            return None
+        from verl.workers.rollout.pipelined import ChunkPipeline
+
+        return ChunkPipeline
+
+    @property
     def engine_metrics(self) -> dict:
         """The decode loop's figures for the last ``generate`` on this rank (seconds in all, capturing graphs,
         prefilling; decode steps, slot-steps, slots, whether CUDA graphs ran; speculative decoding's acceptance):

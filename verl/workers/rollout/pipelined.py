@@ -17,8 +17,10 @@ otherwise.
 
 Each chunk draws its sampling seed from the worker's global RNG at submit, as ``generate_sequences`` would at
 its start: chunks consume the RNG in submission order, so the RNG state read right after a submit is the state
-after that chunk (what a checkpoint keeps to resume exactly). Only the built-in engine's decode loop
-(``rollout.name=hf`` on a model with a decode runner) pipelines; :func:`supports_pipelining` says whether.
+after that chunk (what a checkpoint keeps to resume exactly). This is the built-in engine's pipeline
+(``rollout.name=hf`` on a model with a decode runner); an engine names its own in
+``BaseRollout.chunk_pipeline_class`` (vLLM's: :mod:`verl.workers.rollout.vllm_rollout.pipeline`), and
+:func:`supports_pipelining` says whether a rollout has one.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from verl.workers.rollout.batching import outputs_to_batch, requests_from_batch,
 
 
 def supports_pipelining(rollout, agent_loop=None, rollout_group=None) -> bool:
-    """The built-in engine's decode loop, without agent loops or a rollout group sharing one engine."""
-    return bool(getattr(rollout, "decode_engine", False)) and agent_loop is None and rollout_group is None
+    """An engine with a chunk pipeline (``chunk_pipeline_class``), without agent loops or a rollout group
+    sharing one engine."""
+    return getattr(rollout, "chunk_pipeline_class", None) is not None and agent_loop is None and rollout_group is None
 
 
 class ChunkPipeline:

@@ -26,9 +26,12 @@ class RolloutCycle:
     """``rollout``: a :class:`~verl.workers.rollout.base.BaseRollout`; ``sync()``: pushes the actor's
     current weights into it (a collective on every rank: all ranks call these methods together)."""
 
-    def __init__(self, rollout, sync: Callable[[], None]):
+    def __init__(self, rollout, sync: Callable[[], None], dedicated: bool = False):
+        """``dedicated``: the engine has its devices to itself (a rollout pool of its own, asynchronous modes)
+        and gets its weights from elsewhere: it never sleeps and this cycle never syncs."""
         self.rollout = rollout
         self.sync = sync
+        self.dedicated = dedicated
         self.stale = True  # the engine starts from the checkpoint (or dummy weights): sync before first use
 
     def weights_changed(self) -> None:
@@ -36,6 +39,8 @@ class RolloutCycle:
         self.stale = True
 
     def before_generate(self) -> None:
+        if self.dedicated:
+            return
         self.rollout.wake_up(("weights",))
         if self.stale or getattr(self.rollout, "weights_lost_in_sleep", False):
             self.sync()
@@ -43,4 +48,6 @@ class RolloutCycle:
         self.rollout.wake_up(("kv_cache",))
 
     def after_generate(self) -> None:
+        if self.dedicated:
+            return
         self.rollout.sleep(("weights", "kv_cache"))

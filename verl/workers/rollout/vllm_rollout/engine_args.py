@@ -172,7 +172,8 @@ def build_llm_kwargs(
     if on_gpu:
         kw["gpu_memory_utilization"] = float(_get(config, "gpu_memory_utilization", 0.5))
         # Upstream's RolloutConfig.enable_sleep_mode (default on); free_cache_engine decides whether to sleep.
-        kw["enable_sleep_mode"] = bool(_get(config, "enable_sleep_mode", True))
+        sleep_mode = _get(config, "enable_sleep_mode", None)  # null (the YAML's default): on
+        kw["enable_sleep_mode"] = True if sleep_mode is None else bool(sleep_mode)
         if bool(_get(config, "free_cache_engine", True)) and not kw["enable_sleep_mode"]:
             raise ValueError("actor_rollout_ref.rollout.free_cache_engine=True needs enable_sleep_mode=True "
                              "(vLLM can only release memory with sleep mode on); set free_cache_engine=False")
@@ -254,6 +255,9 @@ def vllm_sampling_kwargs(params: SamplingParams) -> dict:
         top_k=-1 if top_k <= 0 else top_k,  # 0 and -1 both mean "no top-k"
         max_tokens=int(params.max_tokens),
         stop_token_ids=list(params.stop_token_ids),
+        # Our stop ids are the whole list (the EOS ids included unless rollout.ignore_eos): vLLM must not add the
+        # checkpoint's generation-config EOS ids to them on its own, or rollout.ignore_eos=true would not hold.
+        ignore_eos=True,
         seed=params.seed,
         logprobs=0 if params.logprobs else None,  # 0: just the sampled token's log-prob
         detokenize=False,

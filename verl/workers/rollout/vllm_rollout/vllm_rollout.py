@@ -173,6 +173,7 @@ class vLLMRollout(BaseRollout):
         self._lora_dir = tempfile.mkdtemp(prefix="verl_vllm_lora_")
         self._lora_version = 0
         self.is_sleeping = False
+        self.last_stats: dict[str, float] = {}  # the chunk pipeline's, for engine_metrics
         self.memory_metrics: dict[str, float] = {}  # device memory around the last sleep (CUDA), for the worker
 
     # ------------------------------------------------------------------ engine plumbing
@@ -255,8 +256,25 @@ class vLLMRollout(BaseRollout):
         return {n.replace(".base_layer.", ".") for n, _ in self.engine_model.named_parameters()}
 
     # ------------------------------------------------------------------ generation
+    @property
+    def chunk_pipeline_class(self):
+        """Chunks in flight (a rollout pool of its own): where this rank's engine is its alone (no ranks sharing
+        it in lock step), and no routes are recorded (a resubmitted response would need its routes stitched)."""
+        if self.spmd_ranks != 1 or self.record_routes or self.lora_rank > 0:
+            return None
+        from .pipeline import VLLMChunkPipeline
+
+        return VLLMChunkPipeline
+
+    @property
+    def engine_metrics(self) -> dict:
+        """The chunk pipeline's figures since its previous collect (engine steps, weight swaps with requests in
+        flight, resubmitted responses and their re-prefilled tokens); empty after a plain ``generate``."""
+        return {f"perf/vllm/{k}": float(v) for k, v in self.last_stats.items()}
+
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[GenerationOutput]]:
         vllm = import_vllm()
+        self.last_stats = {}
         if self.is_sleeping:
             raise RuntimeError("vLLM rollout is asleep; call wake_up() before generate()")
         prompts = []
