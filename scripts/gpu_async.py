@@ -56,7 +56,8 @@ def overrides(args, mode: str, model: Path, data: Path) -> list[str]:
         f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.max_prompt + args.max_response}",
         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
         f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={2 * (args.max_prompt + args.max_response)}",
-        "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.rollout.n={n}", f"trainer.device={args.device}",
+        f"actor_rollout_ref.rollout.name={args.rollout_name}", f"actor_rollout_ref.rollout.n={n}",
+        f"trainer.device={args.device}",
         "trainer.nnodes=1", "trainer.logger=[console,file]", "trainer.val_before_train=false", "trainer.test_freq=-1",
         "trainer.save_freq=-1", f"trainer.total_training_steps={args.steps}", "trainer.resume_mode=disable",
     ]
@@ -180,6 +181,9 @@ def main(argv=None) -> int:
     p.add_argument("--staleness", type=float, default=0.5, help="async_training.staleness_threshold (fully_async)")
     p.add_argument("--partial-rollout", action="store_true", help="fully_async: async_training.partial_rollout=true "
                    "(a weight sync pauses the responses in flight and continues them with the new weights)")
+    p.add_argument("--rollout-name", default="hf", choices=["hf", "vllm"],
+                   help="the rollout engine of every mode (vllm: the rollout pool's engine keeps the chunks in "
+                        "flight with its own continuous batching; partial rollout aborts and resubmits)")
     p.add_argument("--workdir", default="/tmp/verl_async")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per launch")
     p.add_argument("--reuse", default="", help="modes not launched again: their metrics files from an earlier "

@@ -25,7 +25,7 @@ PARTS="${PARTS:-setup tests grpo bench}"
 
 # file:time limit in seconds (each file in its own pytest process; together under one device call)
 TESTS=(test_vllm_cuda_gpu:560 test_vllm_sync_matches_fresh:110 test_vllm_rollout_lora:70 test_vllm_rollout_engine:80
-       test_vllm_sleep_cycle:40 test_vllm_custom_loader:40)
+       test_vllm_sleep_cycle:40 test_vllm_custom_loader:40 test_vllm_chunk_pipeline:120)
 
 for part in $PARTS; do
     case $part in

@@ -101,6 +101,8 @@ def test_fully_async_partial_rollout_continues_responses_across_syncs(tmp_path):
     ("async_training.partial_rollout=true actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
      "enable_rollout_routing_replay"),
     ("trainer.launcher=local", "trainer.launcher"),
+    ("--config-name fully_async_ppo_megatron_trainer actor_rollout_ref.rollout.name=hf "
+     "actor_rollout_ref.model.path=/m data.train_files=/d data.val_files=/d", "strategy=megatron"),
     ("async_training.concurrent_samples_per_replica=0", "async_training.concurrent_samples_per_replica"),
 ])
 def test_unsupported_settings_are_refused(monkeypatch, capsys, override, needle):

@@ -1,4 +1,5 @@
-"""vLLM's chunk pipeline (the asynchronous modes' rollout pool with ``rollout.name=vllm``) on the CPU build:
+"""vLLM's chunk pipeline (the asynchronous modes' rollout pool with ``rollout.name=vllm``), on the CPU build (and
+on CUDA through scripts/gpu_vllm.sh, CUDA graphs on; not run there yet):
 chunks in flight share the engine and each equals ``generate`` on its own; a weight swap mid-flight continues
 every unfinished response with the new weights from where it stopped, each token stamped with its version.
 
@@ -29,7 +30,9 @@ def engine(tmp_path_factory):
     path = tmp_path_factory.mktemp("dense")
     # untied LM head: the tied tiny model's greedy choice is the last token again, whatever its weights
     hf = build_engine_checkpoint(path, "dense", tie_word_embeddings=False)
-    rollout = vLLMRollout(rollout_config(response_length=MAX, max_num_seqs=8), model_config(path), tokenizer=None)
+    # On CUDA with graphs on: the pipeline's thread replays the graphs vLLM captured on the main thread.
+    cfg = rollout_config(response_length=MAX, max_num_seqs=8, enforce_eager=not torch.cuda.is_available())
+    rollout = vLLMRollout(cfg, model_config(path), tokenizer=None)
     yield rollout, hf
     rollout.shutdown()
     gc.collect()
@@ -52,13 +55,15 @@ def _batch(lists, pad=0):
     for i, p in enumerate(lists):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
-    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)})
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
 
 
 def _greedy(rollout, prompt, n):
     from verl.workers.rollout.base import GenerationRequest, SamplingParams
 
-    return rollout.generate([GenerationRequest(list(prompt))], SamplingParams(temperature=0, max_tokens=n))[0][0].token_ids
+    params = SamplingParams(temperature=0, max_tokens=n)
+    return rollout.generate([GenerationRequest(list(prompt))], params)[0][0].token_ids
 
 
 def test_chunks_in_flight_each_equal_generate(engine):

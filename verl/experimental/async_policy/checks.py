@@ -35,6 +35,12 @@ def async_problems(cfg: DictConfig, mode: str) -> list[str]:
     arr = cfg.actor_rollout_ref
     if cfg.trainer.get("launcher", "ray") != "ray":
         problems.append("trainer.launcher: the asynchronous modes run two Ray resource pools; set trainer.launcher=ray")
+    if arr.actor.get("strategy") == "megatron" and arr.rollout.name == "hf":
+        # The built-in engine generates with a training engine's module: on a rollout pool of its own that would be
+        # a Megatron engine whose HF copy is refreshed from its own (never trained) chunks.
+        problems.append("actor_rollout_ref.rollout.name=hf with actor_rollout_ref.actor.strategy=megatron: the "
+                        "asynchronous modes' rollout pool runs the built-in engine on an FSDP copy of the policy "
+                        "only; use rollout.name=vllm with a Megatron trainer (as upstream's scripts do)")
     for key in ("nnodes", "n_gpus_per_node"):
         value = cfg.rollout.get(key)
         if not isinstance(value, int) or value < 1:

@@ -23,6 +23,7 @@ samples (the built-in engine's pipeline does).
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Optional
 
@@ -69,6 +70,10 @@ class VLLMChunkPipeline:
         self.pad_token_id = pad_token_id
         self._engine = rollout.llm.llm_engine
         self._cond = threading.Condition()
+        # Callers waiting for the lock: the stepping thread lets them in before its next step. (A thread that
+        # releases a lock and takes it again at once keeps it: the worker's calls would wait out whole responses.)
+        self._callers = 0
+        self._callers_lock = threading.Lock()
         self._chunks: dict[Hashable, _Chunk] = {}
         self._live: dict[str, tuple[Hashable, int]] = {}  # vLLM request id -> (chunk, row)
         self._paused = False
@@ -101,7 +106,7 @@ class VLLMChunkPipeline:
             if req.multi_modal_data:
                 prompt["multi_modal_data"] = req.multi_modal_data
             rows.append(_Response(prompt, int(params.max_tokens)))
-        with self._cond:
+        with self._turn():
             self._raise_error()
             self._version = int(version)
             self._chunks[tag] = _Chunk(prompts, params, vp, rows, len(rows))
@@ -112,7 +117,7 @@ class VLLMChunkPipeline:
 
     def ready(self, tag: Hashable, timeout: float = 0.0) -> bool:
         """Whether chunk ``tag`` is done (waiting up to ``timeout`` seconds): its collect will not block."""
-        with self._cond:
+        with self._turn():
             if tag not in self._chunks:
                 raise KeyError(f"chunk {tag!r} is not in flight")
             self._cond.wait_for(lambda: self._chunks[tag].left == 0 or self._error is not None, timeout)
@@ -122,7 +127,7 @@ class VLLMChunkPipeline:
     def swap_weights(self, install: Callable[[], None], version: int) -> None:
         """Between two engine steps: abort the unfinished requests (keeping their tokens), run ``install``, and
         submit each unfinished response again as prompt + its tokens, to go on as weight version ``version``."""
-        with self._cond:
+        with self._turn():
             self._paused = True
             try:
                 self._raise_error()
@@ -145,7 +150,7 @@ class VLLMChunkPipeline:
 
     def collect(self, tag: Hashable) -> DataProto:
         """Chunk ``tag`` (blocking until its last response ends), laid out as ``generate_sequences`` returns it."""
-        with self._cond:
+        with self._turn():
             if tag not in self._chunks:
                 raise KeyError(f"chunk {tag!r} is not in flight")
             self._cond.wait_for(lambda: self._chunks[tag].left == 0 or self._error is not None)
@@ -167,6 +172,25 @@ class VLLMChunkPipeline:
         out.batch["rollout_weight_version"] = token_versions([r.spans for r in chunk.rows],
                                                              out.batch["response_mask"])
         return out
+
+    @contextmanager
+    def _turn(self):
+        """The lock, taken between two engine steps ahead of the stepping thread."""
+        with self._callers_lock:
+            self._callers += 1
+        try:
+            self._cond.acquire()
+        finally:
+            with self._callers_lock:
+                self._callers -= 1
+        # The stepping thread may wait for the queue of callers to empty: it checks again as soon as this caller
+        # waits on the condition (ready, collect) or leaves.
+        self._cond.notify_all()
+        try:
+            yield
+        finally:
+            self._cond.notify_all()  # (the stepping thread waits while callers are queued)
+            self._cond.release()
 
     # -------------------------------------------------------------- the engine's side (under the lock)
     def _add(self, tag: Hashable, i: int) -> None:
@@ -214,7 +238,8 @@ class VLLMChunkPipeline:
     def _run(self, me: int) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._thread_id != me or (self._live and not self._paused))
+                self._cond.wait_for(lambda: self._thread_id != me or (self._live and not self._paused
+                                                                       and not self._callers))
                 if self._thread_id != me:
                     return
                 try:
