@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from verl.protocol import DataProto
+from tests.workers.rollout.test_hf_engine_session import _prompt_batch
 
 pytestmark = pytest.mark.vllm
 
@@ -48,17 +48,6 @@ def _cfg(**kw):
     return OmegaConf.create(base)
 
 
-def _batch(lists, pad=0):
-    width = max(len(p) for p in lists)
-    ids = torch.full((len(lists), width), pad)
-    mask = torch.zeros((len(lists), width), dtype=torch.long)
-    for i, p in enumerate(lists):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
-
-
 def _greedy(rollout, prompt, n):
     from verl.workers.rollout.base import GenerationRequest, SamplingParams
 
@@ -73,8 +62,8 @@ def test_chunks_in_flight_each_equal_generate(engine):
     rollout, _ = engine
     assert supports_pipelining(rollout) and rollout.chunk_pipeline_class is VLLMChunkPipeline
     pipe = VLLMChunkPipeline(rollout, _cfg(), eos_ids=[], pad_token_id=0)
-    pipe.submit("a", _batch(PROMPTS[:2]), depth=2, version=3)
-    pipe.submit("b", _batch(PROMPTS[2:]), depth=2, version=3)
+    pipe.submit("a", _prompt_batch(PROMPTS[:2]), depth=2, version=3)
+    pipe.submit("b", _prompt_batch(PROMPTS[2:]), depth=2, version=3)
     assert pipe.pending() == 2
     # each collect reports the engine's work since the previous one (a plain generate resets them)
     got, steps = {}, 0
@@ -106,7 +95,7 @@ def test_weights_swapped_mid_flight_continue_each_response_with_the_new_ones(eng
     other = build_engine_checkpoint(tmp_path / "other", "dense", seed=1, tie_word_embeddings=False)
     old = {tuple(p): _greedy(rollout, p, MAX) for p in PROMPTS}
     pipe = VLLMChunkPipeline(rollout, _cfg(), eos_ids=[], pad_token_id=0)
-    pipe.submit(0, _batch(PROMPTS), depth=1, version=0)
+    pipe.submit(0, _prompt_batch(PROMPTS), depth=1, version=0)
     rows = pipe._chunks[0].rows
     deadline = time.monotonic() + 120
     while not any(2 <= len(r.tokens) < MAX // 2 for r in rows):  # some response is part-way through
