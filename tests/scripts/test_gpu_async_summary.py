@@ -43,7 +43,8 @@ def test_partial_rollout_flag_reaches_the_fully_async_launch():
     import gpu_async
 
     args = argparse.Namespace(prompts=8, n=2, gpus=2, max_prompt=64, max_response=32, device="cpu", steps=3,
-                              chunk_prompts=0, concurrent_samples=0, staleness=0.5, partial_rollout=False)
+                              chunk_prompts=0, concurrent_samples=0, staleness=0.5, partial_rollout=False,
+                              rollout_name="hf")
     off = gpu_async.overrides(args, "fully_async", Path("m"), Path("d"))
     assert "async_training.partial_rollout=false" in off
     args.partial_rollout = True
@@ -51,6 +52,11 @@ def test_partial_rollout_flag_reaches_the_fully_async_launch():
     assert "async_training.partial_rollout=true" in on
     assert [o for o in on if "partial_rollout" not in o] == [o for o in off if "partial_rollout" not in o]
     assert not any("partial_rollout" in o for o in gpu_async.overrides(args, "sync", Path("m"), Path("d")))
+    args.rollout_name = "vllm"  # --rollout-name: the engine of every mode
+    for mode in ("sync", "one_step", "fully_async"):
+        names = [o for o in gpu_async.overrides(args, mode, Path("m"), Path("d")) if o.startswith(
+            "actor_rollout_ref.rollout.name=")]
+        assert names == ["actor_rollout_ref.rollout.name=vllm"], (mode, names)
 
 
 def test_summary_counts_paused_and_drained_syncs():
