@@ -30,9 +30,10 @@ logger = logging.getLogger(__name__)
 
 QUEUE_POLICY = "dropped"  # what a checkpoint keeps of the queue (see the module docstring)
 
-# The engines' chunk-pipeline counts over disjoint stretches of their work (each chunk's collect reports the stretch since
-# the previous one): a step's figures are their sums, so 1 - slot_steps / (decode_steps x slots) stays the share
-# of idle decode slots over the step; everything else combines as the synchronous trainer's ranks do.
+# The engines' chunk-pipeline counts over disjoint stretches of their work (each chunk's collect reports the
+# stretch since the previous one): a step's figures are their sums, so 1 - slot_steps / (decode_steps x slots)
+# stays the share of idle decode slots over the step; everything else combines as the synchronous trainer's
+# ranks do.
 _SUMMED = tuple(f"perf/hf_engine/{k}" for k in ("decode_steps", "slot_steps", "prefills", "prefill_tokens",
                                                   "prefill_s", "capture_s", "warmup_s", "pauses", "paused_s",
                                                   "reprefills", "reprefill_tokens", "reprefill_s")) + \

@@ -76,7 +76,6 @@ class VLLMChunkPipeline:
         self._callers_lock = threading.Lock()
         self._chunks: dict[Hashable, _Chunk] = {}
         self._live: dict[str, tuple[Hashable, int]] = {}  # vLLM request id -> (chunk, row)
-        self._paused = False
         self._error: Optional[BaseException] = None
         self._thread_id = 0  # the stepping thread that may run (a halted one exits at its next wake-up)
         self._running = False
@@ -127,26 +126,20 @@ class VLLMChunkPipeline:
     def swap_weights(self, install: Callable[[], None], version: int) -> None:
         """Between two engine steps: abort the unfinished requests (keeping their tokens), run ``install``, and
         submit each unfinished response again as prompt + its tokens, to go on as weight version ``version``."""
-        with self._turn():
-            self._paused = True
-            try:
-                self._raise_error()
-                live = list(self._live.items())
-                if live:
-                    self._engine.abort_request([rid for rid, _ in live])
-                    self._live.clear()
-                install()
-                self._version = int(version)
-                for _, (tag, i) in live:
-                    row = self._chunks[tag].rows[i]
-                    row.request_id = None
-                    self._stats["reprefills"] += 1
-                    self._stats["reprefill_tokens"] += len(row.prompt["prompt_token_ids"]) + len(row.tokens)
-                    self._add(tag, i)
-                self._stats["pauses"] += 1
-            finally:
-                self._paused = False
-                self._cond.notify_all()
+        with self._turn():  # (held throughout: the stepping thread cannot step until the swap is done)
+            self._raise_error()
+            live = list(self._live.values())
+            if live:
+                self._engine.abort_request(list(self._live))
+                self._live.clear()
+            install()
+            self._version = int(version)
+            for tag, i in live:
+                row = self._chunks[tag].rows[i]
+                self._stats["reprefills"] += 1
+                self._stats["reprefill_tokens"] += len(row.prompt["prompt_token_ids"]) + len(row.tokens)
+                self._add(tag, i)
+            self._stats["pauses"] += 1
 
     def collect(self, tag: Hashable) -> DataProto:
         """Chunk ``tag`` (blocking until its last response ends), laid out as ``generate_sequences`` returns it."""
@@ -238,8 +231,7 @@ class VLLMChunkPipeline:
     def _run(self, me: int) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._thread_id != me or (self._live and not self._paused
-                                                                       and not self._callers))
+                self._cond.wait_for(lambda: self._thread_id != me or (self._live and not self._callers))
                 if self._thread_id != me:
                     return
                 try:
