@@ -73,21 +73,62 @@ SHAPE_2B = dict(
 SHAPE_SMOKE = dict(num_hidden_layers=4, vocab_size=4096)
 
 
-def build_model(shape: dict, device: torch.device, dtype: torch.dtype):
+SHAPES = ("2b", "35b-a3b", "35b-a3b-dense")
+
+
+def shape_config(name: str, smoke: bool, layers: int | None):
+    """The Hugging Face text config of a benchmark shape.
+
+    ``2b``: the Qwen3.5-2B shape above. ``35b-a3b``: ``Qwen3_5MoeTextConfig``'s defaults (the 35B-A3B shape:
+    hidden 2048, 256 experts top-8, expert FFN 512, shared expert 512) with ``layers`` of its 40 layers (default 4).
+    ``35b-a3b-dense``: its dense twin with the same active parameters per token: the same attention and Gated
+    DeltaNet layers and one SwiGLU MLP as wide as the top-8 experts plus the shared expert (8 x 512 + 512 = 4,608),
+    the baseline of issue 20's goal (MoE update within 1.5x the dense model's time per token). ``smoke`` shrinks
+    every shape (8 experts top-2 for the MoE)."""
     import transformers as tf
 
     from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
 
-    cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**shape))
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}; choose from {SHAPES}")
+    if name == "2b":
+        base = SHAPE_SMOKE if smoke else SHAPE_2B
+        kw = tiny_text_config_kwargs(**dict(base, num_hidden_layers=layers or base["num_hidden_layers"]))
+        cfg = tf.Qwen3_5TextConfig(**kw)
+        cfg.architectures = ["Qwen3_5ForCausalLM"]
+        return cfg
+    n = layers or 4
+    tiny = tiny_text_config_kwargs(**dict(SHAPE_SMOKE, num_hidden_layers=n))
+    if smoke:
+        moe_kw = dict(tiny, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=32, tie_word_embeddings=False)
+    else:  # the class defaults are the real shape; the tiny tokenizer's special ids and the layer pattern
+        moe_kw = dict(num_hidden_layers=n, layer_types=tiny["layer_types"], pad_token_id=tiny["pad_token_id"],
+                      eos_token_id=tiny["eos_token_id"], bos_token_id=None)
+    moe = tf.Qwen3_5MoeTextConfig(**moe_kw)
+    if name == "35b-a3b":
+        moe.architectures = ["Qwen3_5MoeForCausalLM"]
+        return moe
+    dense_keys = set(tf.Qwen3_5TextConfig().to_dict())
+    kw = {k: v for k, v in moe.to_dict().items() if k in dense_keys and k not in ("architectures", "model_type")}
+    kw["intermediate_size"] = moe.num_experts_per_tok * moe.moe_intermediate_size + moe.shared_expert_intermediate_size
+    cfg = tf.Qwen3_5TextConfig(**kw)
     cfg.architectures = ["Qwen3_5ForCausalLM"]
+    return cfg
+
+
+def build_model(cfg, device: torch.device, dtype: torch.dtype):
+    import transformers as tf
+
     cfg.use_cache = False
+    cls = tf.Qwen3_5MoeForCausalLM if cfg.architectures[0] == "Qwen3_5MoeForCausalLM" else tf.Qwen3_5ForCausalLM
     torch.manual_seed(0)
     with torch.device(device):
-        model = tf.Qwen3_5ForCausalLM(cfg)
+        model = cls(cfg)
     model = model.to(dtype)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    return model, cfg
+    return model
 
 
 def make_batch(prompts, responses, vocab: int, device, seed: int = 0) -> dict:
@@ -171,7 +212,7 @@ class PackedStep:
 class MegatronStep:
     """One ``forward_backward_batch`` of the Megatron engine over the whole batch (one packed micro-batch)."""
 
-    def __init__(self, model_dir: str, batch: dict):
+    def __init__(self, model_dir: str, batch: dict, optimizer_offload: bool = True):
         import torch.distributed as dist
         from omegaconf import OmegaConf
 
@@ -181,17 +222,30 @@ class MegatronStep:
         if not dist.is_initialized():
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", "29541")
-            dist.init_process_group("nccl", rank=0, world_size=1)
-        engine_cfg = OmegaConf.create({"use_remove_padding": True, "dtype": "bfloat16", "override_transformer_config": {
-            "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}})
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
+        engine_cfg = OmegaConf.create({
+            "use_remove_padding": True, "dtype": "bfloat16", "optimizer_offload": optimizer_offload,
+            "override_transformer_config": {
+                "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}})
         self.engine = MegatronEngine(OmegaConf.create({"path": model_dir}), engine_cfg,
                                      OmegaConf.create({"lr": 1e-6, "total_training_steps": 1}), role="actor")
         self.engine.initialize()
+        self.state_gib = self._state_on_device()
         self.n_tokens = float(batch["loss_mask"].sum())
         cpu = {k: v.cpu() for k, v in batch.items()}
         self.data = DataProto.from_dict(tensors=cpu, meta_info={"temperature": 1.0, "micro_batch_size": len(cpu["input_ids"])})
         self.device = batch["input_ids"].device
         self.last_log_probs = None
+
+    def _state_on_device(self) -> dict:
+        """GiB of the engine's parameters and gradient buffers on the device (megatron-core keeps one fp32
+        ``main_grad`` buffer per parameter); the rest of the resident memory is the optimizer's state."""
+        params = [p for chunk in self.engine.model for p in chunk.parameters()]
+        on = lambda t: t is not None and t.device.type == "cuda"  # noqa: E731
+        gib = 2**30
+        return {"params": sum(p.numel() * p.element_size() for p in params if on(p)) / gib,
+                "main_grad buffers": sum(p.main_grad.numel() * p.main_grad.element_size() for p in params
+                                         if on(getattr(p, "main_grad", None))) / gib}
 
     def loss(self, outputs: dict, mb: dict):
         return ppo_loss(outputs["log_probs"], mb["old_log_probs"], mb["advantages"], mb["loss_mask"], self.n_tokens), {}
@@ -211,11 +265,9 @@ def run(args) -> dict:
     cuda = device.type == "cuda"
     if args.smoke:
         prompts, responses = grpo_length_mix(args.n_seqs, args.seed, (5, 20), 20.0, 0.9, (4, 60))
-        shape = SHAPE_SMOKE
         dtype = torch.float32 if not cuda else torch.bfloat16
     else:
         prompts, responses = grpo_length_mix(args.n_seqs, args.seed, response_sigma=args.sigma)
-        shape = SHAPE_2B
         dtype = torch.bfloat16
     lengths = [p + r for p, r in zip(prompts, responses)]
     useful, lmax = sum(lengths), max(lengths)
@@ -236,115 +288,164 @@ def run(args) -> dict:
         + (f"; the measured ceiling is {100 * ceiling / datasheet:.1f}% of it" if ceiling and math.isfinite(datasheet)
            else ""))
 
-    model, cfg = build_model(shape, device, dtype)
-    n_params = sum(p.numel() for p in model.parameters())
-    megatron_dir = None
-    if "megatron" in args.impls.split(","):  # the same weights for the Megatron engine, saved before any patching
-        import tempfile
-
-        megatron_dir = tempfile.mkdtemp(prefix="bench_megatron_")
-        model.save_pretrained(megatron_dir)
-    log(f"model: {n_params / 1e9:.3f} B params, gradient checkpointing on")
-    batch = make_batch(prompts, responses, cfg.vocab_size, device)
-    train_flops = count_flops(cfg, lengths)
-    padded_flops = count_flops(cfg, [lmax] * len(lengths))
-
+    shapes = args.shapes.split(",")
     impls = args.impls.split(",")
     if not cuda:
         impls = [i for i in impls if not i.startswith("packed_triton")]
-    results, ref_lp = {}, None
-    mask = batch["loss_mask"].bool()
+    results, shape_info, profiles = {}, {}, {}
 
     def _summary():
         return dict(device=str(device), device_name=torch.cuda.get_device_name(device) if cuda else "cpu",
                     n_seqs=len(lengths), useful_tokens=useful, l_max=lmax, pad_fraction=pad_frac,
-                    params=n_params, ceiling_tflops=ceiling, ceiling_info=ceiling_info, datasheet_tflops=datasheet,
-                    train_flops_useful=train_flops, train_flops_padded=padded_flops, results=dict(results))
+                    shapes=dict(shape_info), ceiling_tflops=ceiling, ceiling_info=ceiling_info,
+                    datasheet_tflops=datasheet, results=dict(results), profiles=dict(profiles))
 
-    for impl in impls:
-        if impl == "stock":
-            step = StockStep(model, batch, args.stock_micro)
-        elif impl.startswith("packed_"):
-            # packed_<backend>[@<attention>]: @sdpa / @torch_varlen / @flash_attn pins the packed-attention
-            # kernel (VERL_PACKED_ATTN_BACKEND) for this row; without it the default choice applies.
-            name, _, attn = impl.partition("@")
-            os.environ["VERL_PACKED_ATTN_BACKEND"] = attn or "auto"
-            apply_monkey_patch(model, use_remove_padding=True, use_fused_kernels=True,
-                               fused_kernels_backend=name.split("_", 1)[1])
-            step = PackedStep(model, batch)
-        elif impl == "megatron":
-            step = MegatronStep(megatron_dir, batch)
-        else:
-            raise ValueError(f"unknown impl {impl!r}")
+    for shape in shapes:
+        cfg = shape_config(shape, args.smoke, args.layers)
+        model = build_model(cfg, device, dtype)
+        n_params = sum(p.numel() for p in model.parameters())
+        megatron_dir = None
+        if "megatron" in impls:  # the same weights for the Megatron engine, saved before any patching
+            import tempfile
+
+            megatron_dir = tempfile.mkdtemp(prefix="bench_megatron_")
+            model.save_pretrained(megatron_dir)
+        log(f"{shape}: {n_params / 1e9:.3f} B params, {cfg.num_hidden_layers} layers, gradient checkpointing on")
+        batch = make_batch(prompts, responses, cfg.vocab_size, device)
+        shape_info[shape] = dict(params=n_params, layers=cfg.num_hidden_layers,
+                                 train_flops_useful=count_flops(cfg, lengths),
+                                 train_flops_padded=count_flops(cfg, [lmax] * len(lengths)))
+        ref_lp = None
+        mask = batch["loss_mask"].bool()
+        for impl in impls:
+            key = impl if len(shapes) == 1 else f"{shape}:{impl}"
+            lp, ref_lp = run_impl(args, impl, key, model, batch, megatron_dir, device, shape_info[shape], ceiling,
+                                  datasheet, useful, results, profiles, apply_monkey_patch, ref_lp)
+            if lp is not None and ref_lp is not lp:
+                results[key]["lp_mean_abs_diff"] = float((lp[mask] - ref_lp[mask]).abs().mean())
+            print_tables(_summary(), partial=True)
+        del model, batch
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-        try:
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            for w in range(args.warmup):
-                t0 = time.time()
-                step()
-                sync(device)
-                log(f"{impl}: warm-up {w + 1} took {time.time() - t0:.1f}s")
-            times = time_fn(step, device, 0, args.repeat)
-            peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else float("nan")
-        except torch.OutOfMemoryError as e:  # report and go on with the other rows
-            log(f"{impl}: OOM ({str(e).splitlines()[0]})")
-            results[impl] = {"oom": True}
-            model.zero_grad(set_to_none=True)
-            continue
-        t = median(times)
-        lp = step.last_log_probs
-        diff = float("nan")
-        if ref_lp is None:
-            ref_lp = lp
-        else:
-            diff = float((lp[mask] - ref_lp[mask]).abs().mean())
-        achieved = train_flops / t / 1e12
-        results[impl] = dict(step_s=t, times=times, tok_s=useful / t, tflops=achieved, peak_gib=peak,
-                             mfu_ceiling=achieved / ceiling if ceiling else float("nan"),
-                             mfu_datasheet=achieved / datasheet if math.isfinite(datasheet) else float("nan"),
-                             padded_tflops=(padded_flops / t / 1e12) if impl == "stock" else None,
-                             lp_mean_abs_diff=diff)
-        log(f"{impl}: median {t * 1e3:.1f} ms over {len(times)} (all: "
-            + ", ".join(f"{x * 1e3:.0f}" for x in times) + f"), {useful / t:,.0f} useful tok/s, peak {peak:.1f} GiB")
-        model.zero_grad(set_to_none=True)
-        del step
-        if impl != impls[-1]:
-            print_tables(_summary(), partial=True)
     summary = _summary()
     print_tables(summary)
     return summary
 
 
+def run_impl(args, impl, key, model, batch, megatron_dir, device, info, ceiling, datasheet, useful, results,
+             profiles, apply_monkey_patch, ref_lp):
+    """Times one row (and profiles it with ``--profile``); returns (its log-probs, the shape's first row's)."""
+    cuda = device.type == "cuda"
+    if impl == "stock":
+        step = StockStep(model, batch, args.stock_micro)
+    elif impl.startswith("packed_"):
+        # packed_<backend>[@<attention>]: @sdpa / @torch_varlen / @flash_attn pins the packed-attention
+        # kernel (VERL_PACKED_ATTN_BACKEND) for this row; without it the default choice applies.
+        name, _, attn = impl.partition("@")
+        os.environ["VERL_PACKED_ATTN_BACKEND"] = attn or "auto"
+        apply_monkey_patch(model, use_remove_padding=True, use_fused_kernels=True,
+                           fused_kernels_backend=name.split("_", 1)[1])
+        step = PackedStep(model, batch)
+    elif impl == "megatron":
+        # The Hugging Face copy leaves the device while the engine runs, so the row's memory is the engine's own.
+        model.to("cpu")
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        step = MegatronStep(megatron_dir, batch, optimizer_offload=not args.megatron_optimizer_on_gpu)
+    else:
+        raise ValueError(f"unknown impl {impl!r}")
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    resident = torch.cuda.memory_allocated(device) / 2**30 if cuda else float("nan")
+    try:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        for w in range(args.warmup):
+            t0 = time.time()
+            step()
+            sync(device)
+            log(f"{key}: warm-up {w + 1} took {time.time() - t0:.1f}s")
+        times = time_fn(step, device, 0, args.repeat)
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else float("nan")
+    except torch.OutOfMemoryError as e:  # report and go on with the other rows
+        log(f"{key}: OOM ({str(e).splitlines()[0]})")
+        results[key] = {"oom": True}
+        model.zero_grad(set_to_none=True)
+        return None, ref_lp
+    t = median(times)
+    lp = step.last_log_probs
+    achieved = info["train_flops_useful"] / t / 1e12
+    results[key] = dict(step_s=t, times=times, tok_s=useful / t, tflops=achieved, peak_gib=peak, resident_gib=resident,
+                        mfu_ceiling=achieved / ceiling if ceiling else float("nan"),
+                        mfu_datasheet=achieved / datasheet if math.isfinite(datasheet) else float("nan"),
+                        padded_tflops=(info["train_flops_padded"] / t / 1e12) if impl == "stock" else None,
+                        lp_mean_abs_diff=float("nan"), state=getattr(step, "state_gib", None))
+    log(f"{key}: median {t * 1e3:.1f} ms over {len(times)} (all: "
+        + ", ".join(f"{x * 1e3:.0f}" for x in times) + f"), {useful / t:,.0f} useful tok/s, resident "
+        f"{resident:.1f} GiB, peak {peak:.1f} GiB")
+    if args.profile:
+        from step_profile import memory_at_peak, profile_kernels
+
+        prof = profile_kernels(step, device, args.profile, key.replace(":", "_"), top=args.profile_top)
+        mem = memory_at_peak(step, device)
+        profiles[key] = dict(kernels=prof["summary"], classes=prof["classes"], trace=prof["trace"],
+                             memory={k: v for k, v in mem.items() if k != "table"})
+        print("\n" + prof["class_table"] + "\n\n" + prof["table"] + "\n\n#### " + key
+              + ": memory at the step's peak\n\n" + mem["table"] + "\n", flush=True)
+    if impl == "megatron":
+        del step
+        gc.collect()
+        model.to(device)
+    else:
+        model.zero_grad(set_to_none=True)
+    return lp, (lp if ref_lp is None else ref_lp)
+
+
 def print_tables(s: dict, partial: bool = False) -> None:
     res = s["results"]
-    stock = res.get("stock", {})
-    base = stock.get("tok_s")
     rows = []
-    for impl, r in res.items():
+    for key, r in res.items():
+        shape = key.split(":")[0] if ":" in key else next(iter(s["shapes"]), "")
+        stock = res.get(f"{shape}:stock" if ":" in key else "stock", {})
+        base = stock.get("tok_s")
         if r.get("oom"):
-            rows.append([impl, "OOM", "-", "-", "-", "-", "-", "-"])
+            rows.append([key, "OOM"] + ["-"] * 9)
             continue
         ratio = f"{r['tok_s'] / base:.2f}x" if base else "-"
-        rows.append([impl, f"{r['step_s'] * 1e3:.0f}", f"{r['tok_s']:,.0f}", ratio, f"{r['tflops']:.1f}",
-                     f"{100 * r['mfu_ceiling']:.1f}%", f"{100 * r['mfu_datasheet']:.1f}%", f"{r['peak_gib']:.1f}",
+        rows.append([key, f"{r['step_s'] * 1e3:.0f}", f"{r['tok_s']:,.0f}", ratio, f"{r['tflops']:.1f}",
+                     f"{100 * r['mfu_ceiling']:.1f}%", f"{100 * r['mfu_datasheet']:.1f}%", f"{r['resident_gib']:.1f}",
+                     f"{r['peak_gib']:.1f}", f"{r['peak_gib'] - r['resident_gib']:.1f}",
                      f"{r['lp_mean_abs_diff']:.3g}"])
-    print(f"\n=== {'(partial) ' if partial else ''}(a) actor throughput, Qwen3.5 {s['params'] / 1e9:.2f}B-shape, {s['device_name']}: "
+    shapes = ", ".join(f"{k} ({v['params'] / 1e9:.2f} B, {v['layers']} layers)" for k, v in s["shapes"].items())
+    print(f"\n=== {'(partial) ' if partial else ''}(a) actor throughput, Qwen3.5 {shapes}, {s['device_name']}: "
           f"{s['n_seqs']} seqs, {s['useful_tokens']:,} useful tokens, L_max {s['l_max']}, "
           f"pad fraction {s['pad_fraction']:.3f} (stock pads to {s['n_seqs'] * s['l_max']:,}) ===")
-    print("fwd+bwd of the PPO policy loss, gradient checkpointing on both sides, bf16 params")
+    print("fwd+bwd of the PPO policy loss, gradient checkpointing on every row, bf16 params; resident = allocated "
+          "before the first step (weights, gradient buffers, optimizer state on the device), step = peak - resident")
     print(fmt_table(["impl", "step ms", "useful tok/s", "vs stock", "useful TFLOP/s", "MFU (meas. ceiling)",
-                     "MFU (datasheet)", "peak GiB", "mean abs dlogp vs first row"], rows))
+                     "MFU (datasheet)", "resident GiB", "peak GiB", "step GiB", "mean abs dlogp vs first row"], rows))
+    for key, r in res.items():
+        if r.get("state"):
+            print(f"{key} state on the device: " + ", ".join(f"{k} {v:.2f} GiB" for k, v in r["state"].items()))
+    moe_dense = [(k, k.replace("35b-a3b:", "35b-a3b-dense:")) for k in res if k.startswith("35b-a3b:")]
+    for moe, dense in moe_dense:
+        if dense in res and not res[moe].get("oom") and not res[dense].get("oom"):
+            print(f"time per token, {moe} / {dense} (same active parameters): "
+                  f"{res[dense]['tok_s'] / res[moe]['tok_s']:.2f}x (issue 20's goal: <= 1.5x)")
     ceiling = s["ceiling_tflops"]
-    print(f"\n=== (c) training-step MFU: {s['train_flops_useful'] / 1e12:.1f} TFLOP per step on useful tokens "
-          f"(3 x fwd, GDN + full-attention layers, LM head), measured matmul ceiling {s['ceiling_info']}, "
-          f"datasheet {s['datasheet_tflops']:.0f} TFLOP/s ({s['device_name']}) ===" if ceiling else "")
-    if stock and not stock.get("oom") and stock.get("padded_tflops"):
-        print(f"stock, counting the pad tokens it computes ({s['train_flops_padded'] / 1e12:.1f} TFLOP): "
-              f"{stock['padded_tflops']:.1f} TFLOP/s = {100 * stock['padded_tflops'] / ceiling:.1f}% of the ceiling"
-              if ceiling else "")
+    for shape, v in s["shapes"].items():
+        print(f"=== (c) {shape}: {v['train_flops_useful'] / 1e12:.1f} TFLOP per step on useful tokens (3 x fwd, GDN + "
+              "full-attention layers, LM head)" + (f", measured matmul ceiling {s['ceiling_info']}, datasheet "
+                                                  f"{s['datasheet_tflops']:.0f} TFLOP/s ({s['device_name']})"
+                                                  if ceiling else ""))
+        stock = res.get("stock" if len(s["shapes"]) == 1 else f"{shape}:stock", {})
+        if ceiling and stock and not stock.get("oom") and stock.get("padded_tflops"):
+            print(f"stock, counting the pad tokens it computes ({v['train_flops_padded'] / 1e12:.1f} TFLOP): "
+                  f"{stock['padded_tflops']:.1f} TFLOP/s = {100 * stock['padded_tflops'] / ceiling:.1f}% of the "
+                  "ceiling")
     print(flush=True)
 
 
@@ -363,6 +464,15 @@ def main(argv=None) -> int:
     p.add_argument("--ceiling-n", type=int, default=8192, help="matmul size of the ceiling (CUDA)")
     p.add_argument("--ceiling-samples", type=int, default=100, help="timed matmuls whose median is the ceiling")
     p.add_argument("--json", default=None, help="write the numbers here")
+    p.add_argument("--shapes", default="2b", help=f"comma-separated, of {SHAPES}")
+    p.add_argument("--layers", type=int, default=None, help="layer count (35b-a3b shapes: default 4)")
+    p.add_argument("--megatron-optimizer-on-gpu", action="store_true",
+                   help="keep the Megatron optimizer's fp32 state on the device (default: offloaded, as the "
+                        "packed rows hold no optimizer state)")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="after timing each row: one profiled step (Chrome trace into DIR, top kernels and kernel "
+                        "classes printed) and one step under the allocator's history (what is alive at the peak)")
+    p.add_argument("--profile-top", type=int, default=20)
     args = p.parse_args(argv)
     if args.smoke:
         args.warmup, args.repeat = min(args.warmup, 1), min(args.repeat, 2)

@@ -37,6 +37,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 from common import fmt_table  # noqa: E402
 
 _T0 = time.time()
@@ -149,6 +150,33 @@ def fixed_lengths(model, args, device, vocab) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+def profile_decode(model, args, device, vocab) -> None:
+    """One engine call at the largest batch under the profiler: kernels inside the engine's ``hf_engine::decode``
+    ranges (the decode steps: CUDA-graph replays), by kernel and by class, and the device's busy share."""
+    from pathlib import Path
+
+    from step_profile import by_class, class_markdown, profile_kernels
+    from trace_top_kernels import in_windows, load_events, markdown, summarize, windows
+
+    b = max(args.batches)
+    prompts = random_prompts([args.prompt_len] * b, vocab, seed=b)
+    rollout = make_rollout(model, b, args.prefill_tokens)
+    engine_generate(rollout, prompts, args.profile_tokens)  # graphs captured outside the profiled call
+    prof = profile_kernels(lambda: engine_generate(rollout, prompts, args.profile_tokens), device, args.profile,
+                           f"engine_b{b}")
+    print("\n" + prof["table"] + "\n", flush=True)
+    events = load_events(Path(prof["trace"]))
+    for phase in ("hf_engine::decode", "hf_engine::prefill"):
+        spans = windows(events, phase)
+        if not spans:
+            print(f"(no {phase} range in the trace)")
+            continue
+        picked = summarize(in_windows(events, spans), top=10**9)
+        head = dict(picked, rows=picked["rows"][:20])
+        print(markdown(head, f"B={b}, {args.profile_tokens} new tokens: kernels inside {len(spans)} {phase} ranges")
+              + "\n\n" + class_markdown(by_class(picked["rows"], picked["total_us"]), phase) + "\n", flush=True)
 
 
 def mix_workload(args, vocab):
@@ -344,6 +372,10 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-tokens", type=int, default=16384,
                    help="the engine's prompt tokens per packed prefill forward (rollout.max_num_batched_tokens)")
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="after the fixed-length rows: one engine call at the largest batch under the torch profiler "
+                        "(Chrome trace into DIR; the decode steps' top kernels and kernel classes printed)")
+    p.add_argument("--profile-tokens", type=int, default=64, help="new tokens of the profiled call")
     p.add_argument("--vllm", default="auto", choices=["auto", "on", "off"],
                    help="vLLM rows (auto: where CUDA and vLLM are present)")
     args = p.parse_args(argv)
@@ -368,6 +400,8 @@ def main(argv=None) -> int:
     if "fixed" in cases:
         rows += fixed_lengths(model, args, device, vocab)
         print_tables(rows, name, args)
+        if args.profile:
+            profile_decode(model, args, device, vocab)
     if "mix" in cases:
         rows += length_mix(model, args, device, vocab)
     if args.vllm == "on" or (args.vllm == "auto" and device.type == "cuda" and _vllm_installed()):

@@ -24,6 +24,19 @@ def _inputs(n: int, vocab: int, dtype=torch.bfloat16):
     return logits, counter_uniform(keys, torch.arange(n, device="cuda") % 11)
 
 
+def _cdf_miss(logits, temperature, u, sup, tok):
+    """How far (in probability mass) the target ``u`` lies outside token ``tok``'s interval of the exact fp64
+    inverse CDF (suppressed ids carry no mass): 0 where ``tok`` is the exact draw."""
+    x = logits.double() / temperature
+    if sup is not None:
+        x[:, sup] = float("-inf")
+    p = torch.softmax(x, -1)
+    upper = p.cumsum(-1).gather(1, tok[:, None]).squeeze(1)
+    lower = upper - p.gather(1, tok[:, None]).squeeze(1)
+    ud = u.double()
+    return torch.clamp(lower - ud, min=0) + torch.clamp(ud - upper, min=0)
+
+
 @pytest.mark.parametrize("vocab", [1000, 248320])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_triton_sampler_matches_torch_path(vocab, temperature):
@@ -34,7 +47,18 @@ def test_triton_sampler_matches_torch_path(vocab, temperature):
     for sup in (None, torch.tensor([0, 5, vocab - 1], device="cuda")):
         tok, lp = triton_sample(logits, temperature, u, sup)
         ref_tok, ref_lp = torch_fused_sample(logits, temperature, u, sup)
-        assert (tok == ref_tok).float().mean() > 0.99  # summation order can move a boundary
+        # The two paths sum the fp32 mass in different orders. Over 248k near-flat probabilities (~4e-6 each) that
+        # rounding moves the draw's target across a boundary for a few % of rows (2.7 % at T=1 on an H200,
+        # 2026-11-27): a disagreement is acceptable only where the target sits within rounding of both tokens'
+        # intervals of the exact (fp64) inverse CDF.
+        # (the paths' fp32 rounding is ~1e-7 of the mass; a token 50 ids away from the exact draw misses by ~2e-5)
+        for t in (tok, ref_tok):
+            miss = float(_cdf_miss(logits, temperature, u, sup, t).max())
+            agree = float((tok == ref_tok).float().mean())
+            print(f"V={vocab} T={temperature} suppressed={sup is not None}: agree {agree:.4f}, "
+                  f"largest miss of the exact fp64 interval {miss:.2e}")
+            assert miss < 1e-5
+        assert (tok == ref_tok).float().mean() > 0.9
         same = tok == ref_tok
         torch.testing.assert_close(lp[same], ref_lp[same], rtol=0, atol=2e-5)
         g_tok, g_lp = triton_sample(logits, temperature, None, sup)

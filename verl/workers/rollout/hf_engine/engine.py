@@ -144,6 +144,12 @@ class DecodeEngine:
         return graph
 
     def _decode(self, b: int) -> None:
+        # Named ranges (here and around the prefill) let a profile of a rollout split its kernels by phase
+        # (scripts/trace_top_kernels.py --window); outside a profiler a range costs about a microsecond.
+        with torch.profiler.record_function("hf_engine::decode"):
+            self._decode_step(b)
+
+    def _decode_step(self, b: int) -> None:
         if self.cache.spec is not None:
             from verl.workers.rollout.hf_engine.speculative import speculative_step
 
@@ -320,6 +326,10 @@ class DecodeEngine:
         return seqs[i].share_key if seqs[i].share_key is not None else ("seq", i)
 
     def _prefill(self, seqs, batch: list[int], running: list[int]) -> None:
+        with torch.profiler.record_function("hf_engine::prefill"):
+            self._prefill_batch(seqs, batch, running)
+
+    def _prefill_batch(self, seqs, batch: list[int], running: list[int]) -> None:
         c, dev = self.cache, self.runner.device
         slots = list(range(len(running), len(running) + len(batch)))
         unique: dict[Hashable, int] = {}

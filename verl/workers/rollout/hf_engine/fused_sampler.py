@@ -10,8 +10,9 @@ softmax, cumulative sum, compare, count) reads and writes the ``(B, V)`` logits 
 
 Both draw by inverse CDF with the per-row uniform ``u`` (:func:`.sampling.counter_uniform`), so they pick the
 same token as each other and as the unfused sampler except where float summation order moves the target across
-a boundary (about one draw in 10^6). Neither syncs with the host or has data-dependent shapes, so the step
-stays capturable as a CUDA graph.
+a boundary: rare on a peaked distribution, a few % of draws over 248k near-flat probabilities (2.7 % of rows
+for ``randn * 3`` logits at T=1 on an H200), each within fp32 rounding of the exact inverse CDF. Neither syncs
+with the host or has data-dependent shapes, so the step stays capturable as a CUDA graph.
 """
 
 from __future__ import annotations

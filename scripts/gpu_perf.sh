@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 23's GPU rows, each measured in one run with its baseline in the same run, plus issue 20's MoE-vs-dense
+# time per token on one GPU, with profiles (top kernels, kernel classes, memory at the peak). Parts:
+#
+#   actor    benchmarks/bench_actor_throughput.py --impls packed_triton,megatron: the FSDP path's useful MFU against
+#            the measured matmul ceiling and the datasheet; Megatron's tokens/s and memory against it (Megatron's
+#            optimizer state offloaded, since the packed row holds none); each row profiled
+#   moe      the same benchmark on the 35B-A3B layer shape (--layers, default 4) and its dense twin of equal
+#            active parameters, both through the Megatron engine: MoE time per token / dense (issue 20: <= 1.5x)
+#   sampler  benchmarks/bench_sampler.py (unfused vs fused torch vs the Triton kernel, B = 64 / 256, V = 248k)
+#   rollout  benchmarks/bench_rollout.py --batches 256 --cases fixed --bf16-state: the engine vs generate, then
+#            one profiled engine call (kernels of the decode steps and of the prefill)
+#   tests    the correctness pins: fused sampler, fused decode step vs torch, graphs vs eager, greedy parity
+#
+# Logs: $OUT/<part>.log (default ./gpu_perf_out); JSON: $OUT/actor.json, $OUT/moe.json; the Chrome traces in
+# $PROF (default /tmp/verl_perf_prof), packed into $OUT/traces.tar when it fits one returned file (16 MiB).
+# Expects fla (with tilelang and z3) and megatron-core importable (PYTHONPATH=/tmp/site:$PWD).
+# Knobs: PARTS="actor moe sampler rollout tests", MOE_LAYERS, T_<PART> (seconds), ACTOR_IMPLS / MOE_IMPLS;
+# SMOKE=1 runs the benchmarks at their tiny shapes (on a CPU: PYTHON=.venv/bin/python SMOKE=1
+# ACTOR_IMPLS=packed_torch MOE_IMPLS=packed_torch PARTS="actor moe sampler rollout" bash scripts/gpu_perf.sh).
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-$PWD/gpu_perf_out}"
+PROF="${PROF:-/tmp/verl_perf_prof}"
+source scripts/gpu_parts.sh
+export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
+PARTS="${PARTS:-actor moe sampler rollout tests}"
+mkdir -p "$PROF"
+S=${SMOKE:+--smoke}
+
+for part in $PARTS; do
+    case $part in
+    actor) run_part actor "${T_ACTOR:-300}" "$PY" benchmarks/bench_actor_throughput.py $S \
+               --impls "${ACTOR_IMPLS:-packed_triton,megatron}" --profile "$PROF" --json "$OUT/actor.json" ;;
+    moe) run_part moe "${T_MOE:-300}" "$PY" benchmarks/bench_actor_throughput.py $S \
+               --impls "${MOE_IMPLS:-megatron}" --shapes 35b-a3b,35b-a3b-dense --layers "${MOE_LAYERS:-4}" \
+               --no-ceiling --profile "$PROF" --json "$OUT/moe.json" ;;
+    sampler) run_part sampler "${T_SAMPLER:-90}" "$PY" benchmarks/bench_sampler.py $S ;;
+    rollout) run_part rollout "${T_ROLLOUT:-300}" "$PY" benchmarks/bench_rollout.py $S --batches 256 --cases fixed \
+               --bf16-state --vllm off --profile "$PROF" ;;
+    tests) run_part tests "${T_TESTS:-200}" "$PY" -m pytest -q -m gpu tests/workers/rollout/test_hf_engine_gpu.py \
+               tests/workers/rollout/test_fused_sampler_gpu.py -p no:cacheprovider -rsfE ;;
+    *) echo "unknown part $part" ;;
+    esac
+done
+TAIL=60
+(cd "$PROF" && ls -la && tar -cf /tmp/verl_perf_traces.tar ./*.gz 2>/dev/null) && \
+    if [ "$(stat -c %s /tmp/verl_perf_traces.tar)" -le $((16 * 1048576)) ]; then
+        cp /tmp/verl_perf_traces.tar "$OUT/traces.tar"
+    else echo "traces ($(du -h /tmp/verl_perf_traces.tar | cut -f1)) too large to return; kept in $PROF"; fi
+parts_summary
+exit 0
