@@ -195,8 +195,10 @@ def _baseline(model_dirs, kind, lora):
 
 
 def _reshard_flags(module):
-    return [m._get_fsdp_state()._fsdp_param_groups[0].post_forward_mesh_info is not None
-            for m in module.modules() if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_groups]
+    from verl.utils.fsdp_utils import fsdp_param_groups
+
+    groups = [fsdp_param_groups(m._get_fsdp_state()) for m in module.modules() if isinstance(m, FSDPModule)]
+    return [g[0].post_forward_mesh_info is not None for g in groups if g]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -116,13 +116,23 @@ def full_state_dict(module: torch.nn.Module, rank0_only: bool = True) -> dict[st
     return out
 
 
+def fsdp_param_groups(state) -> list:
+    """An FSDP2 state's parameter groups: a list on torch >= 2.12 (``_fsdp_param_groups``), one group or None
+    before (``_fsdp_param_group``, torch 2.11 on the GPU image)."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group")
+    return [] if group is None else [group]
+
+
 def _reshard_settings(m: FSDPModule):
     """What ``set_reshard_after_forward`` changes on one FSDP module (to put back afterwards): the configured
     ``reshard_after_forward`` (False keeps parameters gathered into backward) and the root's automatic choice.
     None where this torch keeps them elsewhere (the module then gets reshard_after_forward=True back)."""
     try:
         state = m._get_fsdp_state()
-        return state._auto_reshard_after_forward, [g.post_forward_mesh_info for g in state._fsdp_param_groups]
+        return state._auto_reshard_after_forward, [g.post_forward_mesh_info for g in fsdp_param_groups(state)]
     except AttributeError:  # pragma: no cover - another torch layout
         return None
 
@@ -133,7 +143,7 @@ def _restore_reshard_settings(m: FSDPModule, saved) -> None:
         return
     state = m._get_fsdp_state()
     state._auto_reshard_after_forward = saved[0]
-    for group, info in zip(state._fsdp_param_groups, saved[1]):
+    for group, info in zip(fsdp_param_groups(state), saved[1]):
         group.post_forward_mesh_info = info
 
 

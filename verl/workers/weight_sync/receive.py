@@ -70,13 +70,15 @@ def _gathered_fsdp_params(module: nn.Module) -> dict[int, nn.Parameter]:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - no FSDP2 in this torch
         return {}
+    from verl.utils.fsdp_utils import fsdp_param_groups
+
     out = {}
     for m in module.modules():
         if not isinstance(m, FSDPModule):
             continue
         # FSDP2's internals (read on torch 2.13; fsdp_utils reads the same state): each FSDPParam knows its
         # state and both copies.
-        for group in m._get_fsdp_state()._fsdp_param_groups:
+        for group in fsdp_param_groups(m._get_fsdp_state()):
             for fp in group.fsdp_params:
                 if fp.sharded_state.name == "UNSHARDED":
                     out[id(fp.unsharded_param)] = fp.sharded_param
