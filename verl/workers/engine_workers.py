@@ -262,25 +262,33 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ separate pools (asynchronous modes)
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def export_rollout_weights(self) -> list | None:
-        """The actor's full HF-named weights on CPU (rank 0's list; the others return None). Every rank drives
-        the gather, which is collective."""
+    def export_rollout_weights(self):
+        """The actor's full HF-named weights as a :class:`~verl.workers.weight_sync.handoff.WeightPackage` (rank
+        0's; the others return None). Every rank drives the gather, which is collective."""
         bucket = int(self.config.rollout.get("checkpoint_engine", {}).get("update_weights_bucket_megabytes", 512))
         weights, kwargs = self.actor_engine.get_rollout_weights(bucket_megabytes=bucket)
         if kwargs:  # a LoRA adapter alone: the rollout pool's copy holds no adapter to apply it to
             raise ValueError("the asynchronous modes sync full weights; a LoRA actor's adapter-only sync is not "
                              "supported there (set actor_rollout_ref.model.lora_rank=0)")
-        out = [(name, t.detach().to("cpu", copy=True)) for name, t in weights]
-        return out if self.rank == 0 else None
+        if self.rank != 0:
+            for _ in weights:  # every rank drives the (collective) gather; rank 0 keeps the result
+                pass
+            return None
+        from verl.workers.weight_sync.handoff import pack
+
+        # One copy into Ray's object store, by this process; the controller forwards a small handle (handoff.py).
+        return pack(weights)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_rollout_weights(self, weights: list, version: int, in_flight: bool = False) -> int:
+    def load_rollout_weights(self, weights, version: int, in_flight: bool = False) -> int:
         """Install the trainer pool's weights (``export_rollout_weights``) as parameter version ``version``.
         ``in_flight`` (``async_training.partial_rollout``): chunks may be in flight; their decode session pauses
         between decode steps, the weights are copied into the same parameter storage (the session's captured CUDA
         graphs stay valid), and the unfinished responses go on with them."""
         if self._is_actor:
             raise RuntimeError("load_rollout_weights is for a rollout pool of its own (role 'rollout')")
+        from verl.utils.device import get_device_id, get_device_name, is_device_available
+        from verl.workers.weight_sync.handoff import unpack
         from verl.workers.weight_sync.receive import load_hf_weights
 
         pipeline = getattr(self, "_pipeline", None)
@@ -288,11 +296,14 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"new weights while {pipeline.pending()} generation chunks are in flight: a "
                                "chunk must be generated with one weight version (collect them first)")
 
+        device = f"{get_device_name()}:{get_device_id()}" if is_device_available() else "cpu"
+
         def install():
+            received = unpack(weights, device)  # tensor by tensor, straight onto this rank's device
             if self.actor_engine is None:  # an engine holding its own weights (vLLM): its reload
-                self.rollout.update_weights(iter(weights))
+                self.rollout.update_weights(received)
                 return
-            load_hf_weights(self.actor_engine.module, weights)
+            load_hf_weights(self.actor_engine.module, received)
             self.actor_engine.sync_hf_rollout_module()
 
         if pipeline is not None:

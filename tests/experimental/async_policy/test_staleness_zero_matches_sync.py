@@ -13,7 +13,11 @@ STEPS = 4
 KEYS = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean", "actor/ppo_kl")
 
 
-def test_staleness_zero_reproduces_the_synchronous_run_across_a_resume(tmp_path):
+def test_staleness_zero_reproduces_the_synchronous_run_across_a_resume(tmp_path, monkeypatch):
+    # One intra-op thread in every worker of both runs: the synchronous run has one worker, the async run two, and
+    # on an idle host the thread split (verl.utils.device.cpu_threads_per_worker) would differ between them, and
+    # with it the order of float reductions (CI pins 1 already).
+    monkeypatch.setenv("VERL_CPU_THREADS", "1")
     common = FAST + ["algorithm.rollout_correction.bypass_mode=true"]
     _, sync = run_main_ppo(tmp_path / "sync",
                            common + ["trainer.launcher=local", f"trainer.total_training_steps={STEPS}"])
