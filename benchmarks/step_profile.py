@@ -24,18 +24,20 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 from trace_top_kernels import load_events, markdown, summarize  # noqa: E402
 
-# Kernel classes by name, first match wins. The names are those the kernels carry in a CUDA trace: cuBLAS /
-# CUTLASS GEMMs, fla's and this project's Triton kernels (the Gated DeltaNet chunk rule and its conv), the
-# attention kernels (flash / torch varlen / SDPA), the fused LM-head log-prob kernels, NCCL.
+# Kernel classes by name, first match wins (flash attention's kernels are CUTLASS kernels too, hence attention
+# first). The names are those the kernels carry in a CUDA trace of this project's steps on Hopper.
 KERNEL_CLASSES = [
-    ("gemm", r"gemm|cutlass|xmma|nvjet|wgmma|matmul|_mm_|grouped_mm|splitk"),
-    ("gated deltanet", r"chunk|delta|recompute_w_u|solve_tril|kkt|fwd_kernel_h|bwd_kernel_dhu|tilelang|"
-                       r"l2norm|causal_conv|conv1d|fused_recurrent|gdn|gated_delta|wy_"),
     ("attention", r"flash|fmha|attention|varlen|sdpa|softmax_warp"),
-    ("log-prob / LM head", r"logprob|log_prob|entropy|lm_head|cross_entropy|vocab"),
+    # this project's fused LM-head log-prob kernels (verl/utils/kernel/triton_linear_logprob.py) are `_fwd_kernel`
+    # and `_bwd_dlogits_kernel`
+    ("log-prob / LM head", r"^_fwd_kernel$|_bwd_dlogits|logprob|log_prob|entropy|lm_head|cross_entropy|vocab"),
+    # fla's Triton kernels, its TileLang backward (named `kernel_kernel`), the conv, this project's decode step
+    ("gated deltanet", r"chunk|delta|recompute_w_u|solve_tril|kkt|fwd_kernel_h|bwd_kernel_dhu|tilelang|"
+                       r"^kernel_kernel$|l2norm|causal_conv|conv1d|fused_recurrent|gdn|wy_repr"),
+    ("gemm", r"gemm|cutlass|xmma|nvjet|wgmma|matmul|_mm_|grouped_mm|splitk"),
     ("norm", r"rms|norm"),
     ("communication", r"nccl|allreduce|all_gather|reduce_scatter|alltoall"),
-    ("copy / fill", r"memcpy|memset|copy|fill|cat_|index|gather|scatter"),
+    ("copy / fill", r"memcpy|memset|copy|fill|cat_|catarray|index|gather|scatter"),
     ("elementwise / other", r"."),
 ]
 

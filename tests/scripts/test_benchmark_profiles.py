@@ -1,0 +1,93 @@
+"""benchmarks/step_profile.py (kernel classes, profiled step, memory at the peak) and the benchmarks' smoke runs
+with the options scripts/gpu_perf.sh uses (--shapes, --profile), on the CPU."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import step_profile as sp  # noqa: E402
+
+# Kernel names as they appear in the H200 traces of 2026-11-27 (docs/advance/performance.md)
+NAMES = {
+    "nvjet_sm90_tst_192x208_64x4_1x2_h_bz_coopB_TNT": "gemm",
+    "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversal": "gemm",
+    "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<256, cutlass": "attention",
+    "_fwd_kernel": "log-prob / LM head",
+    "_bwd_dlogits_kernel": "log-prob / LM head",
+    "kernel_kernel": "gated deltanet",
+    "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": "gated deltanet",
+    "causal_conv1d_bwd_kernel": "gated deltanet",
+    "_gdn_decode_step": "gated deltanet",
+    "_add_rms_norm": "norm",
+    "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)":
+        "copy / fill",
+    "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType<2u>":
+        "copy / fill",
+    "Memcpy DtoD (Device -> Device)": "copy / fill",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::exp_kernel_cuda(at::TensorIteratorBase&)":
+        "elementwise / other",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_kernel_class(name):
+    assert sp.kernel_class(name) == NAMES[name]
+
+
+def test_by_class_sums_time_and_launches():
+    rows = [{"name": "nvjet_a", "us": 30.0, "count": 3}, {"name": "nvjet_b", "us": 10.0, "count": 1},
+            {"name": "_add_rms_norm", "us": 60.0, "count": 6}]
+    out = sp.by_class(rows, 100.0)
+    assert [(c["class"], c["us"], c["count"]) for c in out] == [("norm", 60.0, 6), ("gemm", 40.0, 4)]
+    assert out[0]["share"] == pytest.approx(0.6)
+
+
+def test_profile_kernels_writes_a_trace_and_tables(tmp_path):
+    w = torch.randn(64, 64, requires_grad=True)
+
+    def step():
+        (torch.relu(torch.randn(32, 64) @ w) ** 2).sum().backward()
+
+    prof = sp.profile_kernels(step, torch.device("cpu"), str(tmp_path), "tiny", top=5)
+    assert Path(prof["trace"]).exists() and prof["trace"].endswith(".json.gz")
+    assert prof["summary"]["kind"] == "cpu_op" and 0 < len(prof["summary"]["rows"]) <= 5
+    assert "aten::" in prof["table"] and "device time by kernel class" in prof["class_table"]
+    mem = sp.memory_at_peak(step, torch.device("cpu"))  # no allocator history on the CPU: runs and says so
+    assert mem["sites"] == [] and "CPU" in mem["table"]
+
+
+def _run(args, timeout=600):
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_actor_bench_shapes_and_profiles(tmp_path):
+    out = _run(["benchmarks/bench_actor_throughput.py", "--smoke", "--impls", "packed_torch", "--shapes",
+                "35b-a3b,35b-a3b-dense", "--profile", str(tmp_path / "prof"), "--json", str(tmp_path / "a.json")])
+    assert "time per token, 35b-a3b:packed_torch / 35b-a3b-dense:packed_torch" in out
+    s = json.loads((tmp_path / "a.json").read_text())
+    assert set(s["results"]) == {"35b-a3b:packed_torch", "35b-a3b-dense:packed_torch"}
+    moe, dense = s["shapes"]["35b-a3b"], s["shapes"]["35b-a3b-dense"]
+    assert moe["params"] > dense["params"]  # 8 experts against one MLP of the same active width
+    # the dense twin does the same work per token as the MoE's active experts (routers aside)
+    assert dense["train_flops_useful"] == pytest.approx(moe["train_flops_useful"], rel=0.05)
+    assert set(s["profiles"]) == set(s["results"])
+    assert len(list((tmp_path / "prof").glob("*.json.gz"))) == 2
+
+
+def test_rollout_bench_profiles_the_decode_steps(tmp_path):
+    out = _run(["benchmarks/bench_rollout.py", "--smoke", "--cases", "fixed", "--vllm", "off", "--profile",
+                str(tmp_path), "--profile-tokens", "6"])
+    assert "hf_engine::decode ranges" in out and "hf_engine::prefill ranges" in out
+
+
+def test_weight_handoff_bench_runs():
+    out = _run(["benchmarks/bench_weight_handoff.py", "--smoke", "--repeat", "1"])
+    assert "| list |" in out and "| package |" in out
