@@ -36,6 +36,35 @@ def leave_process_group():
         dist.destroy_process_group()
 
 
+@contextmanager
+def rank_report(result_dir: str, rank: int):
+    """Inside a rank started by :func:`spawn_ranks`: the body's exception (spawn hides a child's traceback from
+    pytest) goes to the rank's status file, and the rank leaves its process group either way."""
+    status = "ok"
+    try:
+        yield
+    except Exception as exc:
+        import traceback
+
+        status = f"{exc!r}\n{traceback.format_exc()}"
+    finally:
+        with open(os.path.join(result_dir, f"rank{rank}"), "w") as f:
+            f.write(status)
+        leave_process_group()
+
+
+def spawn_ranks(worker, nprocs: int, result_dir: str, *args) -> None:
+    """``worker(rank, init_file, result_dir, *args)`` on ``nprocs`` processes (a ``file://`` rendezvous in
+    ``result_dir``); fails with the first rank's traceback that :func:`rank_report` recorded."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(worker, args=(os.path.join(result_dir, "init"), result_dir, *args), nprocs=nprocs, join=True)
+    for rank in range(nprocs):
+        with open(os.path.join(result_dir, f"rank{rank}")) as f:
+            status = f.read()
+        assert status == "ok", f"rank {rank}: {status}"
+
+
 def arr_config(model_dir: str, overrides=(), **actor_keys):
     """The composed ``actor_rollout_ref`` section for a tiny checkpoint (no gradient checkpointing), with
     ``actor_keys`` set on the actor section."""

@@ -7,10 +7,9 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from qwen35_test_utils import make_image_sample, packed_positions, patched_copy, random_ids
-from tests.engine_utils import leave_process_group
+from tests.engine_utils import rank_report, spawn_ranks
 from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 from verl.utils import ulysses as uly
 
@@ -107,30 +106,18 @@ def _worker(rank, init_file, result_dir):
     # stuck in a collective the other rank never entered fails in minutes instead of hanging CI.
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=300))
-    status = "ok"
-    try:
+    with rank_report(result_dir, rank):
         for kind in ("dense", "moe"):
             model = build_tiny_qwen3_5(None, kind=kind, seed=0, with_tokenizer=False)
             _check(lambda sp, m=model: _text_case(m, sp, fused=False))
         _check(lambda sp, m=model: _text_case(m, sp, fused=True))
         vl = build_tiny_qwen3_5(None, kind="vl", seed=0, with_tokenizer=False)
         _check(lambda sp: _vl_case(vl, sp))
-    except Exception as exc:  # report through a file: spawn hides child tracebacks from pytest
-        import traceback
-
-        status = f"{exc!r}\n{traceback.format_exc()}"
-    finally:
-        with open(os.path.join(result_dir, f"rank{rank}"), "w") as f:
-            f.write(status)
-        leave_process_group()
 
 
 def test_ulysses_sp2_matches_sp1():
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
-        for rank in range(WORLD):
-            status = open(os.path.join(tmp, f"rank{rank}")).read()
-            assert status == "ok", f"rank {rank}: {status}"
+        spawn_ranks(_worker, WORLD, tmp)
 
 
 def test_pad_and_slice_helpers_without_group():

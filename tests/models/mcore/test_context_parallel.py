@@ -189,34 +189,24 @@ def _check_all_gather_backward(cp, rank, group):
     torch.testing.assert_close(x.grad, want)
 
 
-def _worker(rank, world, init_file, result_dir):
+def _worker(rank, init_file, result_dir, world):
+    from tests.engine_utils import rank_report
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
-    status = "ok"
-    try:
+    with rank_report(result_dir, rank):
         group = dist.new_group(list(range(world)))  # a sub-group, as megatron's CP group is
         for check in (_check_all_gather_backward, _check_attention, _check_conv, _check_delta_rule):
             check(world, rank, group)
-    except Exception as exc:  # report through a file: spawn hides child tracebacks from pytest
-        import traceback
-
-        status = f"{exc!r}\n{traceback.format_exc()}"
-    finally:
-        with open(os.path.join(result_dir, f"rank{rank}"), "w") as f:
-            f.write(status)
-        from tests.engine_utils import leave_process_group
-
-        leave_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_cp_math_matches_unsharded(world):
+    from tests.engine_utils import spawn_ranks
+
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "init"), tmp), nprocs=world, join=True)
-        for rank in range(world):
-            status = open(os.path.join(tmp, f"rank{rank}")).read()
-            assert status == "ok", f"rank {rank}: {status}"
+        spawn_ranks(_worker, world, tmp, world)
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -243,37 +243,25 @@ def _tp_checks(rank, group):
 def _tp_worker(rank, init_file, result_dir):
     import torch.distributed as dist
 
+    from tests.engine_utils import rank_report
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=TP,
                             timeout=datetime.timedelta(seconds=120))
-    status = "ok"
-    try:
+    with rank_report(result_dir, rank):
         from megatron.core import parallel_state
 
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP)
         group = dist.new_group(list(range(TP)))
         torch.save(_tp_checks(rank, group), os.path.join(result_dir, f"out{rank}.pt"))
         parallel_state.destroy_model_parallel()
-    except Exception as exc:  # report through a file: spawn hides child tracebacks from pytest
-        import traceback
-
-        status = f"{exc!r}\n{traceback.format_exc()}"
-    finally:
-        with open(os.path.join(result_dir, f"rank{rank}"), "w") as f:
-            f.write(status)
-        from tests.engine_utils import leave_process_group
-
-        leave_process_group()
 
 
 def test_two_ranks_match_the_full_vocabulary_reference():
-    import torch.multiprocessing as mp
+    from tests.engine_utils import spawn_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_tp_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=TP, join=True)
-        for rank in range(TP):
-            status = open(os.path.join(tmp, f"rank{rank}")).read()
-            assert status == "ok", f"rank {rank}: {status}"
+        spawn_ranks(_tp_worker, TP, tmp)
         outs = [torch.load(os.path.join(tmp, f"out{r}.pt")) for r in range(TP)]
 
     for dtype in (torch.float32, torch.bfloat16):
