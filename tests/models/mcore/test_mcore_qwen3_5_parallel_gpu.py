@@ -4,7 +4,12 @@ Each rank loads its shard through the weight converter; one packed forward + bac
 (and entropy) loss must give HF's log-probs, and the gradients, after megatron-core's own TP reduction of
 replicated parameters (``finalize_model_grads``' rules, reproduced here without DDP) and a gather back to HF
 names, must equal HF's. Needs 2 GPUs (marker ``gpu``; skipped otherwise). ``MCORE_PARALLEL_DEVICE=cpu`` runs the
-configurations without sequence parallelism on CPU with gloo (where megatron-core imports).
+dense configurations without sequence parallelism on CPU with gloo (where megatron-core imports; its MoE router
+moves its weight to the current CUDA device, so the MoE cases need CUDA).
+
+Every rank and the test process print every thread's stack every ``MCORE_TEST_STACKS_EVERY_S`` seconds (default
+120, 0 turns it off), and each case prints how long its ranks and references took: a GPU call that runs out of time
+(2 x H200, 2026-11-27: 240 s inside the first case) then shows where it was.
 """
 
 import os
@@ -23,9 +28,19 @@ pytest.importorskip("megatron.core", reason="needs megatron-core (the mcore extr
 LENGTHS = [37, 5, 64, 20]  # 126 tokens: divisible by 2 for sequence parallelism
 
 
+def _watchdog():
+    import faulthandler
+    import sys
+
+    every = float(os.environ.get("MCORE_TEST_STACKS_EVERY_S", "120"))
+    if every > 0:
+        faulthandler.dump_traceback_later(every, repeat=True, file=sys.stderr)
+
+
 def _worker(rank, path, tp, ep, sp, out_file, port):
     import torch.distributed as dist
 
+    _watchdog()
     if DEVICE == "cpu":
         torch.set_num_threads(1)
     else:
@@ -102,8 +117,16 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
         pytest.skip("tp 2 x ep 2 needs 4 ranks")  # kept in CASES to document the layout; 2 GPUs run the rest
     if DEVICE == "cpu" and sp:
         pytest.skip("sequence parallelism needs CUDA RNG state")
+    if DEVICE == "cpu" and kind == "moe":
+        pytest.skip("megatron-core's MoE router moves its weight to the current CUDA device")
+    import faulthandler
+    import time
+
     import mcore_parity as mp
     from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+
+    _watchdog()
+    t0 = time.perf_counter()
 
     path = tempfile.mkdtemp()
     model = build_tiny_qwen3_5(None, kind=kind, seed=3, with_tokenizer=False,
@@ -111,6 +134,7 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
     mp.realistic_decays(model)
     model.save_pretrained(path)
     log_probs, grads = _spawn(2, 29600, lambda rank, out, port: (rank, path, tp, ep, sp, out, port), _worker, path)
+    t_ranks = time.perf_counter() - t0
 
     seqs, ids, _, cu, _ = mp.packed_batch(LENGTHS, 30, 120, "cpu")
     labels = torch.roll(ids, -1, 1)[0]
@@ -121,7 +145,11 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
     # recurrence to ~3e-6 in every gradient (scripts/gpu_gdn_grad_check.py --device cpu), so it is an fp32-exact
     # judge, which is what the 5e-2 bound needs.
     ref_lp, ref32 = _hf_reference(path, seqs, labels, cu.tolist(), DEVICE, torch.float32, torch_gdn=DEVICE == "cpu")
+    t_ref = time.perf_counter() - t0 - t_ranks
     _, ref = _hf_reference(path, seqs, labels, cu.tolist(), "cpu", torch.float64, torch_gdn=True)
+    faulthandler.cancel_dump_traceback_later()
+    print(f"[mcore parallel] {kind} tp{tp} ep{ep} sp{int(sp)}: ranks {t_ranks:.0f} s, HF reference on {DEVICE} "
+          f"{t_ref:.0f} s, fp64 reference {time.perf_counter() - t0 - t_ranks - t_ref:.0f} s", flush=True)
     worst_lp = max((a - log_probs[0, lo : hi - 1]).abs().max().item()
                    for a, (lo, hi) in zip(ref_lp, zip(cu.tolist()[:-1], cu.tolist()[1:])))
     assert set(grads) == set(ref)
@@ -144,6 +172,7 @@ def _cp_worker(rank, path, out_file, port, recompute, tp):
     of the ranks' (what DDP's reduction over data x context ranks gives with the schedule's CP loss factor)."""
     import torch.distributed as dist
 
+    _watchdog()
     if DEVICE == "cpu":
         torch.set_num_threads(1)
     else:
