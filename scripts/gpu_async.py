@@ -133,7 +133,9 @@ def summarize(steps: list[dict], prompts: int, n: int) -> dict:
                 paused=total("fully_async/rollouter/paused_at_sync"),
                 drained=total("fully_async/rollouter/drained_at_sync"),
                 sync_wait_s=total("fully_async/rollouter/sync_wait_s"), partial_ratio=mean(
-                    "fully_async/partial/partial_ratio"))
+                    "fully_async/partial/partial_ratio"),
+                # where the trainer's step goes: the actor update, and handing the weights to the rollout pool
+                update_s=mean("timing_s/update_actor"), export_s=mean("timing_s/sync_rollout_weights"))
 
 
 def report(args, results: dict) -> None:
@@ -143,18 +145,21 @@ def report(args, results: dict) -> None:
           f"responses <= {args.max_response} (mean aimed at {args.mean_response:.0f}), {args.steps} steps ===")
     print("| mode | GPUs (train + rollout) | steps | samples/s | vs sync | step s | response mean / max | "
           "gen share | trainer idle | rollout pool idle | idle decode slots | chunks in flight | "
-          "syncs paused / drained (offer -> install s) | responses spanning a sync |")
-    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|")
+          "syncs paused / drained (offer -> install s) | responses spanning a sync | update s | weight export s |")
+    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    secs = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
     for mode, r in results.items():
         gpus = f"{args.gpus} colocated" if mode == "sync" else f"{args.gpus // 2} + {args.gpus - args.gpus // 2}"
         vs = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
         flight = "-" if r["depth"] is None else f"{r['in_flight']:.0f} of {r['depth']:.0f}"
         syncs = "-" if r["depth"] is None else (f"{r['paused']:.0f} / {r['drained']:.0f} "
                                                 f"({r['sync_wait_s']:.1f})")
+        gen = pct(r["gen_share"]) if mode == "sync" else "-"
         print(f"| {mode} | {gpus} | {r['steps']} | {r['samples_per_s']:.2f} | {vs} | {r['step_s']:.1f} | "
-              f"{r['response_mean'] or 0:.0f} / {r['response_max']:.0f} | {pct(r['gen_share']) if mode == 'sync' else '-'} | "
+              f"{r['response_mean'] or 0:.0f} / {r['response_max']:.0f} | {gen} | "
               f"{pct(r['trainer_idle'])} | {pct(r['rollout_idle'])} | {pct(r['slot_idle'])} | "
-              f"{flight} | {syncs} | {pct(r['partial_ratio'])} |", flush=True)
+              f"{flight} | {syncs} | {pct(r['partial_ratio'])} | {secs(r.get('update_s'))} | "
+              f"{secs(r.get('export_s'))} |", flush=True)
 
 
 def main(argv=None) -> int:

@@ -28,6 +28,19 @@ def test_summary_skips_the_first_step_and_counts_idle_slots():
     assert s["slot_idle"] == pytest.approx(((1 - 200 / 800) + (1 - 150 / 200)) / 2)
     assert s["trainer_idle"] == pytest.approx(0.5) and s["rollout_idle"] is None
     assert s["response_max"] == 403.0
+    assert s["update_s"] is None and s["export_s"] is None  # neither logged in these steps
+
+
+def test_summary_splits_the_trainer_step():
+    import gpu_async
+
+    # the 2 x H200 reading of 2026-11-27: update 19.8 / 19.7 s, weight export 9.8 / 10.9 s
+    steps = [_step(1, 159.4, 27.0),
+             _step(2, 29.6, 0.0, **{"timing_s/update_actor": 19.8, "timing_s/sync_rollout_weights": 9.8}),
+             _step(3, 30.6, 0.0, **{"timing_s/update_actor": 19.7, "timing_s/sync_rollout_weights": 10.9})]
+    s = gpu_async.summarize(steps, prompts=16, n=8)
+    assert s["update_s"] == pytest.approx(19.75) and s["export_s"] == pytest.approx(10.35)
+    assert s["samples_per_s"] == pytest.approx(256 / 60.2)
 
 
 def test_one_pool_is_refused():
