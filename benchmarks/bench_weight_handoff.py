@@ -29,12 +29,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_rollout import SHAPE_0P8B  # noqa: E402  (the 0.8B layer shape the rollout bench times)
 from common import fmt_table  # noqa: E402
-
-SHAPE_0P8B = dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=3584, num_attention_heads=8,
-                  num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
-                  linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
-                  tie_word_embeddings=True)
 
 
 def shapes(smoke: bool) -> list[tuple[str, tuple[int, ...]]]:
