@@ -356,7 +356,9 @@ def _hf_reference(path, seqs, labels, bounds, device, dtype, torch_gdn):
     import transformers as tf
 
     arch = tf.AutoConfig.from_pretrained(path).architectures[0]
-    hf = getattr(tf, arch).from_pretrained(path, dtype=dtype).to(device)
+    # torch's grouped_mm (transformers' default MoE experts) has no fp64 kernel: the fp64 reference loops experts
+    extra = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
+    hf = getattr(tf, arch).from_pretrained(path, dtype=dtype, **extra).to(device)
     modeling = importlib.import_module(type(hf).__module__)
     loss, out = 0.0, []
     with _torch_gdn(modeling) if torch_gdn else contextlib.nullcontext():
