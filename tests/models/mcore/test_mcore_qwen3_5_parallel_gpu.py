@@ -123,16 +123,13 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
     import time
 
     import mcore_parity as mp
-    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     _watchdog()
     t0 = time.perf_counter()
 
     path = tempfile.mkdtemp()
-    model = build_tiny_qwen3_5(None, kind=kind, seed=3, with_tokenizer=False,
-                               **({"tie_word_embeddings": False} if kind == "moe" else {}))
-    mp.realistic_decays(model)
-    model.save_pretrained(path)
+    _tiny_model(kind, realistic_decays=True, **({"tie_word_embeddings": False} if kind == "moe" else {})).save_pretrained(
+        path)
     log_probs, grads = _spawn(2, 29600, lambda rank, out, port: (rank, path, tp, ep, sp, out, port), _worker, path)
     t_ranks = time.perf_counter() - t0
 
@@ -264,13 +261,12 @@ def test_mcore_context_parallel_matches_hf(kind, recompute, tp):
     if DEVICE == "cuda" and torch.cuda.device_count() < 2 * tp:
         pytest.skip(f"needs {2 * tp} GPUs")
     import mcore_parity as mp
-    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
 
     path = tempfile.mkdtemp()
     extra = {"tie_word_embeddings": False} if kind == "moe" else {}
     if tp > 1:  # megatron-core's config rule for Gated DeltaNet: key and value heads divisible by TP x CP
         extra.update(linear_num_key_heads=4, linear_num_value_heads=8)
-    build_tiny_qwen3_5(path, kind=kind, seed=3, with_tokenizer=False, **extra)
+    _tiny_model(kind, realistic_decays=False, **extra).save_pretrained(path)
     log_probs, grads = _spawn(2 * tp, 29300, lambda rank, out, port: (rank, path, out, port, recompute, tp),
                               _cp_worker, path)
     seqs, ids, _, cu, _ = mp.packed_batch(LENGTHS, 30, 120, "cpu")
@@ -297,6 +293,60 @@ def test_mcore_context_parallel_matches_hf(kind, recompute, tp):
     assert worst_lp <= 1e-4
     assert total <= 1e-3
     assert worst[1] <= (5e-2 if DEVICE == "cuda" else 1e-2)
+
+
+# A token whose k-th and (k+1)-th router logits nearly tie is routed by rounding: on 2 x H200 (2026-11-27) the MoE
+# TP=2 case with seed 3 had one such token in layer 3 (gap 4e-5 of the logits' spread), and that layer's router,
+# experts and norm gradients were 6-8 % off the fp64 reference while every other tensor was within 1 %. Noise of
+# fla's size (1.5e-3 relative on every Gated DeltaNet output) moves the fp64 model's gradients the same way: 7.6e-2
+# on that router, under 1e-2 elsewhere; with a smallest gap of 4e-3 or more (seeds 14, 22, 33) no gradient moves by
+# more than 1e-3. So the MoE cases take the first seed whose test batch has no such tie.
+ROUTER_GAP = 4e-3
+
+
+def _tiny_model(kind, realistic_decays, **extra):
+    """The tiny checkpoint a case compares on: seed 3, or for MoE the first seed from 3 whose routing of the test
+    batch keeps a top-k margin of ``ROUTER_GAP`` of each token's router-logit spread in every layer."""
+    import mcore_parity as mp
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+
+    gaps = {}
+    for seed in range(3, 3 + 64):
+        model = build_tiny_qwen3_5(None, kind=kind, seed=seed, with_tokenizer=False, **extra)
+        if realistic_decays:
+            mp.realistic_decays(model)
+        if kind != "moe":
+            return model
+        gaps[seed] = _router_min_gap(model)
+        if gaps[seed] >= ROUTER_GAP:
+            print(f"[mcore parity] moe seed {seed}: smallest top-k router gap {gaps[seed]:.1e}", flush=True)
+            return model
+    raise AssertionError(f"no seed routes the test batch without a near tie: {gaps}")
+
+
+def _router_min_gap(model):
+    """The smallest (k-th - (k+1)-th router logit) / spread over the test batch's tokens and the MoE layers."""
+    import importlib
+
+    import mcore_parity as mp
+
+    k, gaps = model.config.num_experts_per_tok, []
+
+    def record(module, inputs, _out):
+        logits = inputs[0].reshape(-1, inputs[0].shape[-1]).float() @ module.weight.float().T
+        top = logits.topk(k + 1, dim=-1).values
+        gaps.append(((top[:, k - 1] - top[:, k]) / logits.std(-1)).min().item())
+
+    hooks = [m.register_forward_hook(record) for n, m in model.named_modules() if n.endswith("mlp.gate")]
+    seqs = mp.packed_batch(LENGTHS, 30, 120, "cpu")[0]
+    try:
+        with torch.no_grad(), _torch_gdn(importlib.import_module(type(model).__module__)):
+            for s in seqs:
+                model(input_ids=s[None])
+    finally:
+        for h in hooks:
+            h.remove()
+    return min(gaps)
 
 
 def _spawn(nranks, base_port, args_of, target, path):
