@@ -73,13 +73,17 @@ SHAPE_2B = dict(
 SHAPE_SMOKE = dict(num_hidden_layers=4, vocab_size=4096)
 
 
-SHAPES = ("2b", "35b-a3b", "35b-a3b-dense")
+# Qwen3.5-9B's shape (Qwen3_5TextConfig's defaults): the FSDP2 case of issue 20 (`scripts/gpu_scale.py fsdp`)
+SHAPE_9B = dict(SHAPE_2B, hidden_size=4096, num_hidden_layers=32, intermediate_size=12288, num_attention_heads=16,
+                num_key_value_heads=4, linear_num_value_heads=32, tie_word_embeddings=False)
+DENSE_SHAPES = {"2b": SHAPE_2B, "9b": SHAPE_9B}
+SHAPES = ("2b", "9b", "35b-a3b", "35b-a3b-dense")
 
 
 def shape_config(name: str, smoke: bool, layers: int | None):
     """The Hugging Face text config of a benchmark shape.
 
-    ``2b``: the Qwen3.5-2B shape above. ``35b-a3b``: ``Qwen3_5MoeTextConfig``'s defaults (the 35B-A3B shape:
+    ``2b`` / ``9b``: the Qwen3.5-2B / -9B shapes above (``layers`` of their 24 / 32). ``35b-a3b``: ``Qwen3_5MoeTextConfig``'s defaults (the 35B-A3B shape:
     hidden 2048, 256 experts top-8, expert FFN 512, shared expert 512) with ``layers`` of its 40 layers (default 4).
     ``35b-a3b-dense``: its dense twin with the same active parameters per token: the same attention and Gated
     DeltaNet layers and one SwiGLU MLP as wide as the top-8 experts plus the shared expert (8 x 512 + 512 = 4,608),
@@ -91,8 +95,8 @@ def shape_config(name: str, smoke: bool, layers: int | None):
 
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r}; choose from {SHAPES}")
-    if name == "2b":
-        base = SHAPE_SMOKE if smoke else SHAPE_2B
+    if name in DENSE_SHAPES:
+        base = SHAPE_SMOKE if smoke else DENSE_SHAPES[name]
         kw = tiny_text_config_kwargs(**dict(base, num_hidden_layers=layers or base["num_hidden_layers"]))
         cfg = tf.Qwen3_5TextConfig(**kw)
         cfg.architectures = ["Qwen3_5ForCausalLM"]
@@ -465,7 +469,7 @@ def main(argv=None) -> int:
     p.add_argument("--ceiling-samples", type=int, default=100, help="timed matmuls whose median is the ceiling")
     p.add_argument("--json", default=None, help="write the numbers here")
     p.add_argument("--shapes", default="2b", help=f"comma-separated, of {SHAPES}")
-    p.add_argument("--layers", type=int, default=None, help="layer count (35b-a3b shapes: default 4)")
+    p.add_argument("--layers", type=int, default=None, help="layer count (35b-a3b shapes: default 4; 2b / 9b: all)")
     p.add_argument("--megatron-optimizer-on-gpu", action="store_true",
                    help="keep the Megatron optimizer's fp32 state on the device (default: offloaded, as the "
                         "packed rows hold no optimizer state)")

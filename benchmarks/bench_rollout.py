@@ -47,7 +47,9 @@ SHAPE_0P8B = dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=3584
                   linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
                   max_position_embeddings=32768, tie_word_embeddings=True)
 SHAPE_2B = dict(SHAPE_0P8B, hidden_size=2048, intermediate_size=6144)  # Qwen3.5-2B's layer shape
-SHAPES = {"0p8b": SHAPE_0P8B, "2b": SHAPE_2B}
+SHAPE_9B = dict(SHAPE_0P8B, hidden_size=4096, num_hidden_layers=32, intermediate_size=12288, num_attention_heads=16,
+                num_key_value_heads=4, linear_num_value_heads=32, tie_word_embeddings=False)  # Qwen3.5-9B's
+SHAPES = {"0p8b": SHAPE_0P8B, "2b": SHAPE_2B, "9b": SHAPE_9B}
 SHAPE_SMOKE = dict(num_hidden_layers=4, vocab_size=2048)
 
 
@@ -122,6 +124,22 @@ def engine_generate(rollout, prompts, new_tokens, seed=0):
                             SamplingParams(temperature=1.0, max_tokens=new_tokens, stop_token_ids=[], seed=seed))
 
 
+def decode_bytes(model, batch: int, context: float, state_bytes: int) -> float:
+    """HBM traffic of one decode step, the memory-bound floor's numerator: every weight read once (the input
+    embedding only for the batch's rows), each Gated DeltaNet layer's recurrent state read and written, and each
+    full-attention layer's keys and values over ``context`` tokens read (bf16)."""
+    cfg = model.config
+    emb = model.get_input_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.get_output_embeddings().weight is not emb:  # untied: the table itself is read for the batch's rows only
+        weights += (batch * emb.shape[1] - emb.numel()) * emb.element_size()
+    types = list(cfg.layer_types)
+    state = types.count("linear_attention") * batch * cfg.linear_num_value_heads * cfg.linear_key_head_dim \
+        * cfg.linear_value_head_dim * state_bytes * 2
+    kv = types.count("full_attention") * batch * context * cfg.num_key_value_heads * cfg.head_dim * 2 * 2
+    return weights + state + kv
+
+
 def fixed_lengths(model, args, device, vocab) -> list[dict]:
     rows = []
     for b in args.batches:
@@ -137,9 +155,14 @@ def fixed_lengths(model, args, device, vocab) -> list[dict]:
                              tok_s=b * args.new_tokens / t, prefill_s=st["prefill_s"], capture_s=st["capture_s"],
                              warmup_s=st.get("warmup_s", 0.0), graphs=st.get("graphs", 0)))
             decode = t - st["prefill_s"] - st["capture_s"] - st.get("warmup_s", 0.0)
+            step_bytes = decode_bytes(model, b, args.prompt_len + args.new_tokens / 2,
+                                      2 if kw.get("state_dtype") == "bfloat16" else 4)
+            rows[-1].update(decode_ms=1e3 * decode / args.new_tokens, step_gb=step_bytes / 1e9,
+                            hbm_tb_s=step_bytes * args.new_tokens / decode / 1e12)
             log(f"{impl} B={b}: {t:.2f}s, {rows[-1]['tok_s']:,.0f} new tok/s (prefill {st['prefill_s']:.2f}s, warm-up "
                 f"{st.get('warmup_s', 0.0):.2f}s, {st.get('graphs', 0)} graph(s) captured in {st['capture_s']:.2f}s, "
-                f"decode {1e3 * decode / args.new_tokens:.2f} ms/step)")
+                f"decode {rows[-1]['decode_ms']:.2f} ms/step; {rows[-1]['step_gb']:.2f} GB of weights, state and KV "
+                f"per step = {rows[-1]['hbm_tb_s']:.2f} TB/s of HBM traffic)")
         if not args.skip_generate:
             hf_generate(model, prompts[:2], 2, device)
             t, out = timed(lambda: hf_generate(model, prompts, args.new_tokens, device), device)

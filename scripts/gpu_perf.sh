@@ -10,12 +10,17 @@
 #   sampler  benchmarks/bench_sampler.py (unfused vs fused torch vs the Triton kernel, B = 64 / 256, V = 248k)
 #   rollout  benchmarks/bench_rollout.py --batches 256 --cases fixed --bf16-state: the engine vs generate, then
 #            one profiled engine call (kernels of the decode steps and of the prefill)
+#   actor9b  the actor benchmark's fused FSDP path on Qwen3.5-9B's shape (--layers L9B, default all 32): the update's
+#            useful MFU at issue 20's size on one GPU, profiled
+#   rollout9b the decode loop at the 9B shape, B = 32 and 128 (issue 20's rollout: 32 sequences per GPU), with the HBM
+#            traffic per step against the time (the memory-bound floor), profiled at B = 128
 #   tests    the correctness pins: fused sampler, fused decode step vs torch, graphs vs eager, greedy parity
 #
 # Logs: $OUT/<part>.log (default ./gpu_perf_out); JSON: $OUT/actor.json, $OUT/moe.json; the Chrome traces in
 # $PROF (default /tmp/verl_perf_prof), packed into $OUT/traces.tar when it fits one returned file (16 MiB).
 # Expects fla (with tilelang and z3) and megatron-core importable (PYTHONPATH=/tmp/site:$PWD).
-# Knobs: PARTS="actor moe sampler rollout tests", MOE_LAYERS, T_<PART> (seconds), ACTOR_IMPLS / MOE_IMPLS;
+# Knobs: PARTS="actor moe sampler rollout tests" (actor9b, rollout9b on request), MOE_LAYERS, L9B, T_<PART> (seconds),
+# ACTOR_IMPLS / MOE_IMPLS / ACTOR9B_IMPLS;
 # SMOKE=1 runs the benchmarks at their tiny shapes (on a CPU: PYTHON=.venv/bin/python SMOKE=1
 # ACTOR_IMPLS=packed_torch MOE_IMPLS=packed_torch PARTS="actor moe sampler rollout" bash scripts/gpu_perf.sh).
 set -u
@@ -35,6 +40,10 @@ for part in $PARTS; do
     moe) run_part moe "${T_MOE:-300}" "$PY" benchmarks/bench_actor_throughput.py $S \
                --impls "${MOE_IMPLS:-megatron}" --shapes 35b-a3b,35b-a3b-dense --layers "${MOE_LAYERS:-4}" \
                --no-ceiling --profile "$PROF" --json "$OUT/moe.json" ;;
+    actor9b) run_part actor9b "${T_ACTOR9B:-300}" "$PY" benchmarks/bench_actor_throughput.py $S \
+               --impls "${ACTOR9B_IMPLS:-packed_triton}" --shapes 9b ${L9B:+--layers "$L9B"} --profile "$PROF" --json "$OUT/actor9b.json" ;;
+    rollout9b) run_part rollout9b "${T_ROLLOUT9B:-300}" "$PY" benchmarks/bench_rollout.py $S \
+               --shape 9b --batches 32,128 --cases fixed --skip-generate --vllm off --profile "$PROF" ;;
     sampler) run_part sampler "${T_SAMPLER:-90}" "$PY" benchmarks/bench_sampler.py $S ;;
     rollout) run_part rollout "${T_ROLLOUT:-300}" "$PY" benchmarks/bench_rollout.py $S --batches 256 --cases fixed \
                --bf16-state --vllm off --profile "$PROF" ;;

@@ -276,6 +276,9 @@ def fsdp_overrides(args, model_dir, data, ckpt, steps, resume) -> list[str]:
             "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
             "actor_rollout_ref.model.enable_gradient_checkpointing=true",
             "actor_rollout_ref.model.use_remove_padding=true",
+            # log-probs and entropy fused with the LM head: no [tokens, 248k] logits, so larger micro-batches
+            # (docs/advance/qwen3_5.md's recommended setting; the 2026-11-26 table ran without it)
+            "actor_rollout_ref.model.use_fused_kernels=true",
             f"actor_rollout_ref.actor.fsdp_config.optimizer_offload={str(args.offload).lower()}",
             "actor_rollout_ref.ref.fsdp_config.param_offload=true", *args.extra]
 

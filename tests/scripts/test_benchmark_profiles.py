@@ -91,3 +91,41 @@ def test_rollout_bench_profiles_the_decode_steps(tmp_path):
 def test_weight_handoff_bench_runs():
     out = _run(["benchmarks/bench_weight_handoff.py", "--smoke", "--repeat", "1"])
     assert "| list |" in out and "| package |" in out
+
+
+def test_9b_shapes_are_qwen3_5_9b():
+    """Both benchmarks' 9B shape is Qwen3_5TextConfig's defaults (the real 9B), apart from the tokenizer ids."""
+    import transformers as tf
+
+    import bench_actor_throughput as actor
+    import bench_rollout as rollout
+    from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
+
+    real = tf.Qwen3_5TextConfig().to_dict()
+    skip = {"pad_token_id", "eos_token_id", "bos_token_id", "architectures"}
+    for cfg in (actor.shape_config("9b", False, None), tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(
+            **rollout.SHAPE_9B))):
+        got = cfg.to_dict()
+        assert {k: (v, got[k]) for k, v in real.items() if k not in skip and got.get(k) != v} == {}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_decode_bytes_counts_weights_state_and_kv(tied):
+    """Every weight once (an untied input embedding only for the batch's rows; a tied one is the LM head, read
+    whole), the recurrent state read and written, the keys and values over the context read."""
+    import transformers as tf
+
+    import bench_rollout as rollout
+    from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
+
+    cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**dict(rollout.SHAPE_SMOKE, tie_word_embeddings=tied)))
+    model = tf.Qwen3_5ForCausalLM(cfg).to(torch.bfloat16)
+    emb = model.get_input_embeddings().weight
+    b, ctx = 3, 10
+    params = sum(p.numel() for p in model.parameters())  # bf16: 2 bytes each
+    n_lin, n_full = cfg.layer_types.count("linear_attention"), cfg.layer_types.count("full_attention")
+    assert n_lin and n_full
+    want = 2 * (params if tied else params - emb.numel() + b * emb.shape[1])
+    want += n_lin * b * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4 * 2
+    want += n_full * b * ctx * cfg.num_key_value_heads * cfg.head_dim * 2 * 2
+    assert rollout.decode_bytes(model, b, ctx, 4) == want

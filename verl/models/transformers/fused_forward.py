@@ -136,7 +136,9 @@ def _fused_forward(self, backend: str, input_ids=None, labels=None, temperature=
         temperature=temperature,
         backend=backend,
     )
-    return CausalLMOutputForPPO(log_probs=log_probs.reshape(lead), entropy=entropy.reshape(lead))
+    # FSDP2's root hook warns on every call about a view output (an in-place op on it would skip its backward
+    # all-gather); one float per token is a cheap copy
+    return CausalLMOutputForPPO(log_probs=log_probs.reshape(lead).clone(), entropy=entropy.reshape(lead).clone())
 
 
 def forward_with_torch_backend(
