@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A GPU command longer than one device call (600 s): the device tool kills what a call leaves running, except a
+# A GPU command longer than one device call allows: the device tool kills what a call leaves running, except a
 # process that started its own session (setsid), which runs until the machine goes back. So one call starts the
 # command in its own session and returns; the calls after it (back to back: the machine is released after a short
 # idle time) wait for it, each up to a limit, printing the log's new lines, and the last one gets its exit code.
