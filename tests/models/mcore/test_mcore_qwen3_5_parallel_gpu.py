@@ -4,8 +4,8 @@ Each rank loads its shard through the weight converter; one packed forward + bac
 (and entropy) loss must give HF's log-probs, and the gradients, after megatron-core's own TP reduction of
 replicated parameters (``finalize_model_grads``' rules, reproduced here without DDP) and a gather back to HF
 names, must equal HF's. Needs 2 GPUs (marker ``gpu``; skipped otherwise). ``MCORE_PARALLEL_DEVICE=cpu`` runs the
-dense configurations without sequence parallelism on CPU with gloo (where megatron-core imports; its MoE router
-moves its weight to the current CUDA device, so the MoE cases need CUDA).
+configurations without sequence parallelism on CPU with gloo (where megatron-core imports; the ranks answer
+``torch.cuda.current_device()`` with "cpu", where megatron-core's MoE router would place its tensors).
 
 Every rank and the test process print every thread's stack every ``MCORE_TEST_STACKS_EVERY_S`` seconds (default
 120, 0 turns it off), and each case prints how long its ranks and references took: a GPU call that runs out of time
@@ -37,12 +37,19 @@ def _watchdog():
         faulthandler.dump_traceback_later(every, repeat=True, file=sys.stderr)
 
 
+def _cpu_current_device():
+    """On the CPU ranks: megatron-core's MoE router and its token counters place tensors on
+    ``torch.cuda.current_device()``; answering "cpu" keeps them beside the rest (gloo, no CUDA)."""
+    torch.cuda.current_device = lambda: "cpu"
+
+
 def _worker(rank, path, tp, ep, sp, out_file, port):
     import torch.distributed as dist
 
     _watchdog()
     if DEVICE == "cpu":
         torch.set_num_threads(1)
+        _cpu_current_device()
     else:
         torch.cuda.set_device(rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -117,8 +124,6 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
         pytest.skip("tp 2 x ep 2 needs 4 ranks")  # kept in CASES to document the layout; 2 GPUs run the rest
     if DEVICE == "cpu" and sp:
         pytest.skip("sequence parallelism needs CUDA RNG state")
-    if DEVICE == "cpu" and kind == "moe":
-        pytest.skip("megatron-core's MoE router moves its weight to the current CUDA device")
     import faulthandler
     import time
 
@@ -172,6 +177,7 @@ def _cp_worker(rank, path, out_file, port, recompute, tp):
     _watchdog()
     if DEVICE == "cpu":
         torch.set_num_threads(1)
+        _cpu_current_device()
     else:
         torch.cuda.set_device(rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -256,8 +262,6 @@ CP_CASES = [("dense", False, 1), ("dense", True, 1), ("moe", False, 1), ("dense"
 def test_mcore_context_parallel_matches_hf(kind, recompute, tp):
     """CP 2 (the local spec's all-gathered KV attention, the Gated DeltaNet's conv halo and relayed state), alone or
     with TP 2 (4 ranks), against Hugging Face per sequence: log-probs and gradients, as for TP above."""
-    if DEVICE == "cpu" and kind == "moe":
-        pytest.skip("megatron-core's MoE layer needs CUDA")
     if DEVICE == "cuda" and torch.cuda.device_count() < 2 * tp:
         pytest.skip(f"needs {2 * tp} GPUs")
     import mcore_parity as mp
