@@ -83,7 +83,8 @@ SHAPES = ("2b", "9b", "35b-a3b", "35b-a3b-dense")
 def shape_config(name: str, smoke: bool, layers: int | None):
     """The Hugging Face text config of a benchmark shape.
 
-    ``2b`` / ``9b``: the Qwen3.5-2B / -9B shapes above (``layers`` of their 24 / 32). ``35b-a3b``: ``Qwen3_5MoeTextConfig``'s defaults (the 35B-A3B shape:
+    ``2b`` / ``9b``: the Qwen3.5-2B / -9B shapes above (``layers`` of their 24 / 32).
+    ``35b-a3b``: ``Qwen3_5MoeTextConfig``'s defaults (the 35B-A3B shape:
     hidden 2048, 256 experts top-8, expert FFN 512, shared expert 512) with ``layers`` of its 40 layers (default 4).
     ``35b-a3b-dense``: its dense twin with the same active parameters per token: the same attention and Gated
     DeltaNet layers and one SwiGLU MLP as wide as the top-8 experts plus the shared expert (8 x 512 + 512 = 4,608),

@@ -41,7 +41,8 @@ for part in $PARTS; do
                --impls "${MOE_IMPLS:-megatron}" --shapes 35b-a3b,35b-a3b-dense --layers "${MOE_LAYERS:-4}" \
                --no-ceiling --profile "$PROF" --json "$OUT/moe.json" ;;
     actor9b) run_part actor9b "${T_ACTOR9B:-300}" "$PY" benchmarks/bench_actor_throughput.py $S \
-               --impls "${ACTOR9B_IMPLS:-packed_triton}" --shapes 9b ${L9B:+--layers "$L9B"} --profile "$PROF" --json "$OUT/actor9b.json" ;;
+               --impls "${ACTOR9B_IMPLS:-packed_triton}" --shapes 9b ${L9B:+--layers "$L9B"} --profile "$PROF" \
+               --json "$OUT/actor9b.json" ;;
     rollout9b) run_part rollout9b "${T_ROLLOUT9B:-300}" "$PY" benchmarks/bench_rollout.py $S \
                --shape 9b --batches 32,128 --cases fixed --skip-generate --vllm off --profile "$PROF" ;;
     sampler) run_part sampler "${T_SAMPLER:-90}" "$PY" benchmarks/bench_sampler.py $S ;;

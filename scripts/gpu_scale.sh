@@ -15,7 +15,8 @@
 # Where one call may last only minutes (the device tool: 10), run one part and stage per call, e.g.
 #   PARTS=fsdp STAGE=build bash scripts/gpu_scale.sh, then STAGE=train, then STAGE=resume,
 # or the whole thing in a session of its own that outlives the call, waited for by the calls after it:
-#   bash scripts/gpu_detached.sh start scale bash scripts/gpu_scale.sh; then bash scripts/gpu_detached.sh wait scale 560.
+#   bash scripts/gpu_detached.sh start scale bash scripts/gpu_scale.sh
+#   then, one call each until it stops answering 124: bash scripts/gpu_detached.sh wait scale 560
 # Knobs: PARTS="versions mcore fsdp megatron", T_MCORE / T_FSDP / T_MEGATRON (seconds per part), GPUS (default: all),
 # MOE_LAYERS (default: 2 per GPU on 80 GB cards, 4 per GPU on larger ones: what fits beside the hf rollout's
 # full copy, see docs/advance/scale.md), OFFLOAD (optimizer offload; default 1 on 80 GB cards, where the 9B

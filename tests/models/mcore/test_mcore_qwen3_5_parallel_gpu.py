@@ -133,8 +133,8 @@ def test_mcore_parallel_matches_hf(kind, tp, ep, sp):
     t0 = time.perf_counter()
 
     path = tempfile.mkdtemp()
-    _tiny_model(kind, realistic_decays=True, **({"tie_word_embeddings": False} if kind == "moe" else {})).save_pretrained(
-        path)
+    extra = {"tie_word_embeddings": False} if kind == "moe" else {}
+    _tiny_model(kind, realistic_decays=True, **extra).save_pretrained(path)
     log_probs, grads = _spawn(2, 29600, lambda rank, out, port: (rank, path, tp, ep, sp, out, port), _worker, path)
     t_ranks = time.perf_counter() - t0
 
