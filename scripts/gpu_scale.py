@@ -279,6 +279,9 @@ def fsdp_overrides(args, model_dir, data, ckpt, steps, resume) -> list[str]:
             # log-probs and entropy fused with the LM head: no [tokens, 248k] logits, so larger micro-batches
             # (docs/advance/qwen3_5.md's recommended setting; the 2026-11-26 table ran without it)
             "actor_rollout_ref.model.use_fused_kernels=true",
+            # the Triton kernels on CUDA (the actor benchmark's packed_triton row: 1.2x its torch backend's tok/s)
+            "actor_rollout_ref.model.fused_kernel_options.impl_backend="
+            + ("triton" if args.device == "cuda" else "torch"),
             f"actor_rollout_ref.actor.fsdp_config.optimizer_offload={str(args.offload).lower()}",
             "actor_rollout_ref.ref.fsdp_config.param_offload=true", *args.extra]
 
