@@ -18,6 +18,7 @@
 #   bash scripts/gpu_detached.sh start scale bash scripts/gpu_scale.sh
 #   then, one call each until it stops answering 124: bash scripts/gpu_detached.sh wait scale 560
 # Knobs: PARTS="versions mcore fsdp megatron", T_MCORE / T_FSDP / T_MEGATRON (seconds per part), GPUS (default: all),
+# MCORE_K (a pytest -k expression for the mcore part, e.g. moe),
 # MOE_LAYERS (default: 2 per GPU on 80 GB cards, 4 per GPU on larger ones: what fits beside the hf rollout's
 # full copy, see docs/advance/scale.md), OFFLOAD (optimizer offload; default 1 on 80 GB cards, where the 9B
 # update without it ran out of memory), SCALE_ARGS (more gpu_scale.py arguments; the defaults below are the
@@ -39,7 +40,7 @@ for p in $PARTS; do
     case $p in
     versions) PARTS=versions OUT="$OUT" bash scripts/gpu_multi.sh ;;  # the same versions report
     mcore) run_part mcore "${T_MCORE:-600}" "$PY" -m pytest -v -s -m gpu -p no:cacheprovider -rsfE \
-               tests/models/mcore/test_mcore_qwen3_5_parallel_gpu.py ;;
+               ${MCORE_K:+-k "$MCORE_K"} tests/models/mcore/test_mcore_qwen3_5_parallel_gpu.py ;;
     fsdp) run_part fsdp "${T_FSDP:-3000}" "$PY" scripts/gpu_scale.py fsdp --gpus "$GPUS" $OFF ${SCALE_ARGS:-} ;;
     megatron)
         run_part "megatron_ep$GPUS" "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
