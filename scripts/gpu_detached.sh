@@ -11,12 +11,14 @@
 #
 # e.g. start scale9b "$PY" scripts/gpu_scale.py fsdp --gpus 4 --stage train, then "wait scale9b 560" per call
 # until it stops answering 124. The environment of the start call (PYTHONPATH, ...) is the command's.
+# Not yet tried on the device machine. Its README: where commands run as an ordinary user rather than root, every
+# process of that user is ended after a call, a new session too; `whoami` in the start call tells.
 set -u
 dir=${DETACHED_DIR:-/tmp/detached}
 mkdir -p "$dir"
 cmd=${1:-}
 name=${2:-}
-[[ -n $cmd && -n $name ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
+[[ -n $cmd && -n $name ]] || { sed -n '2,15p' "$0" >&2; exit 2; }
 log=$dir/$name.log pidf=$dir/$name.pid rcf=$dir/$name.rc seen=$dir/$name.seen
 
 case $cmd in
@@ -36,7 +38,7 @@ start)
         < /dev/null > /dev/null 2>&1 &
     for _ in $(seq 50); do [[ -s $pidf ]] && break; sleep 0.1; done
     [[ -s $pidf ]] || { echo "$name did not start" >&2; exit 1; }
-    echo "started $name (pid $(cat "$pidf"), a session of its own): log $log"
+    echo "started $name (pid $(cat "$pidf"), a session of its own, as $(id -un)): log $log"
     ;;
 wait)
     limit=${3:?wait NAME SECONDS}
@@ -65,7 +67,7 @@ stop)
     echo "stopped $name"
     ;;
 *)
-    sed -n '2,13p' "$0" >&2
+    sed -n '2,15p' "$0" >&2
     exit 2
     ;;
 esac
