@@ -13,7 +13,8 @@
 #   actor9b  the actor benchmark's fused FSDP path on Qwen3.5-9B's shape (--layers L9B, default all 32): the update's
 #            useful MFU at issue 20's size on one GPU, profiled
 #   rollout9b the decode loop at the 9B shape, B = 32 and 128 (issue 20's rollout: 32 sequences per GPU), with the HBM
-#            traffic per step against the time (the memory-bound floor), profiled at B = 128
+#            traffic per step against the time (the memory-bound floor), profiled at B = 128; prompts of 2,048 tokens
+#            (the scale run's contexts: ~1k prompts + responses up to 4k)
 #   tests    the correctness pins: fused sampler, fused decode step vs torch, graphs vs eager, greedy parity
 #
 # Logs: $OUT/<part>.log (default ./gpu_perf_out); JSON: $OUT/actor.json, $OUT/moe.json; the Chrome traces in
@@ -44,7 +45,8 @@ for part in $PARTS; do
                --impls "${ACTOR9B_IMPLS:-packed_triton}" --shapes 9b ${L9B:+--layers "$L9B"} --profile "$PROF" \
                --json "$OUT/actor9b.json" ;;
     rollout9b) run_part rollout9b "${T_ROLLOUT9B:-300}" "$PY" benchmarks/bench_rollout.py $S \
-               --shape 9b --batches 32,128 --cases fixed --skip-generate --vllm off --profile "$PROF" ;;
+               --shape 9b --batches 32,128 --cases fixed --skip-generate --vllm off --profile "$PROF" \
+               $([ -n "$S" ] || echo --prompt-len 2048 --new-tokens 512) ;;
     sampler) run_part sampler "${T_SAMPLER:-90}" "$PY" benchmarks/bench_sampler.py $S ;;
     rollout) run_part rollout "${T_ROLLOUT:-300}" "$PY" benchmarks/bench_rollout.py $S --batches 256 --cases fixed \
                --bf16-state --vllm off --profile "$PROF" ;;

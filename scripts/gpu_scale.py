@@ -255,6 +255,7 @@ def _common(args, model_dir: Path, data: Path, ckpt: Path, steps: int, resume: b
         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
         f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={tok * 4}",
         "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.rollout.n={args.n}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_mem}",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.entropy_coeff=0.01", "algorithm.adv_estimator=grpo",
@@ -344,9 +345,29 @@ def report(steps: list[dict], info: dict, args, ceiling: float | None, walls: tu
                   f"{d.get('perf/max_memory_allocated_gb', float('nan')):.1f}",
                   f"{100 * d.get('timing_s/gen', 0) / d['timing_s/step']:.0f} %"]
         print(f"| {r['step']} | " + " | ".join(cells) + " |")
+    engine_table(steps)
     print(f"\nbf16 matmul ceiling measured: {f'{ceiling:.0f} TFLOP/s' if ceiling else 'n/a'}; datasheet "
           f"{promised:.0f} TFLOP/s. Run 1 (steps 1-3 + save) {walls[0]:.0f} s wall; resumed run (load + step 4) "
           f"{walls[1]:.0f} s wall. EOS row alpha {info['eos_alpha']:.3g} on dim {info['eos_dim']}.", flush=True)
+
+
+def engine_table(steps: list[dict]) -> None:
+    """Where the generation phase went, from the hf decode loop's own figures (``perf/hf_engine/*``, the slowest
+    rank's each): its time in all, the CUDA-graph warm-up, the prefills, and per decode step what is left (the
+    quantity the memory-bound floor of one step bounds), with the mean live slots per step."""
+    rows = [r for r in steps if "perf/hf_engine/decode_steps" in r["data"]]
+    if not rows:
+        return
+    print("\n| step | gen s | engine s | graph warm-up s | prefill s | decode steps | decode ms/step | slots | "
+          "mean live slots |\n|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        d = {k.rsplit("/", 1)[-1]: v for k, v in r["data"].items() if k.startswith("perf/hf_engine/")}
+        n = d.get("decode_steps", 0)
+        run, warm, pre = d.get("run_s", float("nan")), d.get("warmup_s", 0.0), d.get("prefill_s", 0.0)
+        per = 1e3 * (run - warm - pre) / n if n else float("nan")
+        live = d.get("slot_steps", 0) / n if n else float("nan")
+        print(f"| {r['step']} | {r['data'].get('timing_s/gen', float('nan')):.1f} | {run:.1f} | {warm:.1f} | "
+              f"{pre:.1f} | {n:,.0f} | {per:.1f} | {d.get('slots', 0):.0f} | {live:.1f} |")
 
 
 def _steps_of(log: Path) -> list[dict]:
@@ -444,6 +465,10 @@ def main(argv=None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="STEP",
                    help="trace the actor's calls of this step (torch.profiler, rank 0) and print the top kernels")
     p.add_argument("--timeout", type=int, default=3000, help="seconds per main_ppo launch")
+    p.add_argument("--gpu-mem", type=float, default=0.85,
+                   help="rollout.gpu_memory_utilization: the share of the card the decode loop's slots may fill "
+                        "(with the weights already there); at upstream's 0.5 a 9B model's 128 slots of 5k tokens "
+                        "would be cut to about 70 on an 80 GB card")
     p.add_argument("extra", nargs="*", help="more main_ppo overrides (key=value)")
     args = p.parse_args(argv)
     if args.what == "check":
