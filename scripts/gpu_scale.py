@@ -354,20 +354,24 @@ def report(steps: list[dict], info: dict, args, ceiling: float | None, walls: tu
 def engine_table(steps: list[dict]) -> None:
     """Where the generation phase went, from the hf decode loop's own figures (``perf/hf_engine/*``, the slowest
     rank's each): its time in all, the CUDA-graph warm-up, the prefills, and per decode step what is left (the
-    quantity the memory-bound floor of one step bounds), with the mean live slots per step."""
+    quantity the memory-bound floor of one step bounds), with the mean live slots per step and the share of the
+    decode time the host spent waiting for the device (near 100 %: device-bound; well below: the device idled
+    while the host loop ran)."""
     rows = [r for r in steps if "perf/hf_engine/decode_steps" in r["data"]]
     if not rows:
         return
     print("\n| step | gen s | engine s | graph warm-up s | prefill s | decode steps | decode ms/step | slots | "
-          "mean live slots |\n|---|---|---|---|---|---|---|---|---|")
+          "mean live slots | host waited on the device |\n|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         d = {k.rsplit("/", 1)[-1]: v for k, v in r["data"].items() if k.startswith("perf/hf_engine/")}
         n = d.get("decode_steps", 0)
         run, warm, pre = d.get("run_s", float("nan")), d.get("warmup_s", 0.0), d.get("prefill_s", 0.0)
         per = 1e3 * (run - warm - pre) / n if n else float("nan")
         live = d.get("slot_steps", 0) / n if n else float("nan")
+        wait = (f"{100 * d['sync_wait_s'] / (run - warm - pre):.0f} %" if "sync_wait_s" in d and run - warm - pre > 0
+                else "-")
         print(f"| {r['step']} | {r['data'].get('timing_s/gen', float('nan')):.1f} | {run:.1f} | {warm:.1f} | "
-              f"{pre:.1f} | {n:,.0f} | {per:.1f} | {d.get('slots', 0):.0f} | {live:.1f} |")
+              f"{pre:.1f} | {n:,.0f} | {per:.1f} | {d.get('slots', 0):.0f} | {live:.1f} | {wait} |")
 
 
 def _steps_of(log: Path) -> list[dict]:

@@ -18,7 +18,7 @@
 #   bash scripts/gpu_detached.sh start scale bash scripts/gpu_scale.sh
 #   then, one call each until it stops answering 124: bash scripts/gpu_detached.sh wait scale 560
 # Knobs: PARTS="versions mcore fsdp megatron", T_MCORE / T_FSDP / T_MEGATRON (seconds per part), GPUS (default: all),
-# MCORE_K (a pytest -k expression for the mcore part, e.g. moe),
+# MCORE_K (a pytest -k expression for the mcore part, e.g. moe), MOE_TP2=0 (the megatron part's EP layout alone),
 # MOE_LAYERS (default: 2 per GPU on 80 GB cards, 4 per GPU on larger ones: what fits beside the hf rollout's
 # full copy, see docs/advance/scale.md), OFFLOAD (optimizer offload; default 1 on 80 GB cards, where the 9B
 # update without it ran out of memory), SCALE_ARGS (more gpu_scale.py arguments; the defaults below are the
@@ -45,7 +45,7 @@ for p in $PARTS; do
     megatron)
         run_part "megatron_ep$GPUS" "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
             --ep "$GPUS" --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-}
-        if [ "$GPUS" -ge 4 ]; then
+        if [ "$GPUS" -ge 4 ] && [ "${MOE_TP2:-1}" = 1 ]; then
             run_part megatron_tp2 "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
                 --tp 2 --ep $(( GPUS / 2 )) --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-}
         fi ;;

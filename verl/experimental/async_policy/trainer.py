@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, _combine_agent_loop_metrics, marked_timer
+from verl.workers.rollout.hf_engine.session import COUNTED_STATS
 
 from . import staleness as st
 from .pool import RolloutPool, pipeline_depth
@@ -34,9 +35,7 @@ QUEUE_POLICY = "dropped"  # what a checkpoint keeps of the queue (see the module
 # stretch since the previous one): a step's figures are their sums, so 1 - slot_steps / (decode_steps x slots)
 # stays the share of idle decode slots over the step; everything else combines as the synchronous trainer's
 # ranks do.
-_SUMMED = tuple(f"perf/hf_engine/{k}" for k in ("decode_steps", "slot_steps", "prefills", "prefill_tokens",
-                                                  "prefill_s", "capture_s", "warmup_s", "pauses", "paused_s",
-                                                  "reprefills", "reprefill_tokens", "reprefill_s")) + \
+_SUMMED = tuple(f"perf/hf_engine/{k}" for k in COUNTED_STATS) + \
     tuple(f"perf/vllm/{k}" for k in ("steps", "pauses", "reprefills", "reprefill_tokens"))
 
 

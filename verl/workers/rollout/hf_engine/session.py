@@ -36,9 +36,10 @@ import torch
 
 from verl.workers.rollout.hf_engine.engine import DecodeEngine, SeqRequest, SeqResult
 
-# Stats that count work over the session's lifetime; collect hands out their increase since the last collect.
-_COUNTED = ("capture_s", "prefill_s", "prefills", "prefill_tokens", "decode_steps", "slot_steps", "warmup_s",
-            "pauses", "paused_s", "reprefills", "reprefill_tokens", "reprefill_s")
+# Stats that count work over the session's lifetime; collect hands out their increase since the last collect
+# (and the asynchronous trainer sums them over a step's chunks).
+COUNTED_STATS = ("capture_s", "prefill_s", "prefills", "prefill_tokens", "decode_steps", "slot_steps", "warmup_s",
+                 "sync_wait_s", "pauses", "paused_s", "reprefills", "reprefill_tokens", "reprefill_s")
 
 
 class EngineSession:
@@ -62,7 +63,7 @@ class EngineSession:
         self._pause = False  # pause() asked the thread to park
         self._parked = False  # the thread is parked between rounds
         self._resume_to: Optional[int] = None  # the version resume() hands the thread
-        self._reported = {k: 0.0 for k in _COUNTED}
+        self._reported = {k: 0.0 for k in COUNTED_STATS}
         self._t_open = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="hf-engine-session", daemon=True)
         self._thread.start()
@@ -154,7 +155,7 @@ class EngineSession:
     # ------------------------------------------------------------------ internals
     def _stats_delta(self) -> dict:
         stats = dict(self.engine.opt.stats)
-        for k in _COUNTED:
+        for k in COUNTED_STATS:
             now = float(stats.get(k, 0.0))
             stats[k], self._reported[k] = now - self._reported[k], now
         stats["run_s"] = time.perf_counter() - self._t_open  # the session's age at this collect
@@ -168,7 +169,7 @@ class EngineSession:
         """The head of the queue does not fit the cache and nothing runs: a cache for the waiting sequences."""
         max_new = max(self._max_new, max(self._seqs[i].max_new for i in waiting))
         max_len = max(self._max_len, max(len(self._seqs[i].prompt.ids) + max_new for i in waiting))
-        counted = {k: float(self.engine.opt.stats.get(k, 0.0)) for k in _COUNTED}
+        counted = {k: float(self.engine.opt.stats.get(k, 0.0)) for k in COUNTED_STATS}
         self.engine.teardown()
         self.capacity = self.engine.setup(self._shape[0], max_len, max_new)
         for k, v in counted.items():  # setup clears the stats; the session's counts go on
