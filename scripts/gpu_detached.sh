@@ -11,14 +11,15 @@
 #
 # e.g. start scale9b "$PY" scripts/gpu_scale.py fsdp --gpus 4 --stage train, then "wait scale9b 560" per call
 # until it stops answering 124. The environment of the start call (PYTHONPATH, ...) is the command's.
-# Not yet tried on the device machine. Its README: where commands run as an ordinary user rather than root, every
-# process of that user is ended after a call, a new session too; `whoami` in the start call tells.
+# On the device machine (root) a 10-minute GRPO launch on 4 x H200 ran this way across two calls (2026-11-27). Its
+# README: where commands run as an ordinary user rather than root, every process of that user is ended after a
+# call, a new session too; the start call prints the user.
 set -u
 dir=${DETACHED_DIR:-/tmp/detached}
 mkdir -p "$dir"
 cmd=${1:-}
 name=${2:-}
-[[ -n $cmd && -n $name ]] || { sed -n '2,15p' "$0" >&2; exit 2; }
+[[ -n $cmd && -n $name ]] || { sed -n '2,16p' "$0" >&2; exit 2; }
 log=$dir/$name.log pidf=$dir/$name.pid rcf=$dir/$name.rc seen=$dir/$name.seen
 
 case $cmd in
@@ -67,7 +68,7 @@ stop)
     echo "stopped $name"
     ;;
 *)
-    sed -n '2,15p' "$0" >&2
+    sed -n '2,16p' "$0" >&2
     exit 2
     ;;
 esac
