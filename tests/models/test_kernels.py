@@ -43,17 +43,21 @@ def test_cuda_without_any_kernel_warns_once_per_package(monkeypatch, caplog, cap
     _kernels(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA host, as far as the check can tell
     with caplog.at_level(logging.WARNING, logger=kernels.__name__):
-        choices = kernels.report_kernels(QWEN, use_remove_padding=True)
+        packed = kernels.report_kernels(QWEN, use_remove_padding=True)
         kernels.report_kernels(QWEN, use_remove_padding=True)
-    assert {k: (c.backend, c.slow) for k, c in choices.items()} == {
-        "gated_deltanet": ("torch", True), "stock_gdn_conv": ("torch", True), "packed_attention": ("sdpa", True)}
+        padded = kernels.report_kernels(QWEN, use_remove_padding=False)
+    # packed forwards (and the hf rollout's decode runner) never call transformers' own conv; padded ones do
+    assert {k: (c.backend, c.slow) for k, c in packed.items()} == {
+        "gated_deltanet": ("torch", True), "packed_attention": ("sdpa", True)}
+    assert {k: (c.backend, c.slow) for k, c in padded.items()} == {
+        "gated_deltanet": ("torch", True), "stock_gdn_conv": ("torch", True)}
     warnings = _warnings(caplog)
     assert len(warnings) == 3  # once each, not again on the second engine
     for pkg in ("flash-linear-attention", "causal-conv1d", "flash-attn"):
         assert sum(f"pip install {pkg}`" in w for w in warnings) == 1
     assert all("without it" in w for w in warnings)
     out = capsys.readouterr().out
-    assert out.count("[verl.kernels]") == 1 and "on cuda" in out and "gated_deltanet=torch" in out
+    assert out.count("[verl.kernels]") == 2 and "on cuda" in out and "gated_deltanet=torch" in out
 
 
 def test_torch_varlen_attention_is_reported_and_not_warned(monkeypatch, caplog, capsys):

@@ -42,7 +42,7 @@ KERNELS = {
                   "the torch reference runs the delta rule as a per-chunk Python loop and the conv unfused: "
                   "several times slower per Gated DeltaNet layer on long sequences"),
     "causal_conv1d": Kernel("causal-conv1d", "causal_conv1d",
-                            "transformers' own Gated DeltaNet conv (stock forwards, e.g. hf rollout generation)",
+                            "transformers' own Gated DeltaNet conv (padded forwards: use_remove_padding=false)",
                             "transformers falls back to an unfused torch conv (slower decoding)"),
     "flash_attn": Kernel("flash-attn", "flash_attn",
                          "varlen causal attention over packed sequences",
@@ -99,7 +99,7 @@ def kernel_choices(spec, use_remove_padding: bool, on_cuda: bool, engine: str = 
         raise ValueError(f"engine must be 'fsdp' or 'mcore', got {engine!r}")
     # The model's own parts first (``ModelSpec.kernels``, e.g. Qwen3.5's Gated DeltaNet), then packed attention.
     own = spec.resolve("kernels") if hasattr(spec, "resolve") else None
-    choices = dict(own(on_cuda, engine)) if own is not None else {}
+    choices = dict(own(on_cuda, engine, use_remove_padding)) if own is not None else {}
     if engine == "mcore":
         from verl.models.transformers.packed_attention import select_backend
 

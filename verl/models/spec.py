@@ -68,7 +68,7 @@ class ModelSpec:
     # hf rollout engine's decode runner, a class ``Runner(module, backend)`` (verl.workers.rollout.hf_engine);
     # None: the hf rollout generates with ``module.generate``.
     hf_runner: Optional[str] = None
-    # ``fn(on_cuda, engine) -> {part: KernelChoice}`` for the model's own fast kernels (reported at start-up by
+    # ``fn(on_cuda, engine, use_remove_padding) -> {part: KernelChoice}`` for the model's own fast kernels (reported at start-up by
     # verl.models.kernels next to packed attention); None: no parts of its own.
     kernels: Optional[str] = None
     # What vLLM needs registered to run this architecture (dotted path of a function taking no arguments, called

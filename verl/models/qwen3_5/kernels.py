@@ -27,10 +27,12 @@ def _gdn_choice(on_cuda: bool) -> KernelChoice:
     return KernelChoice("fla (delta rule; conv in torch: this fla has no varlen conv)")
 
 
-def kernel_choices(on_cuda: bool, engine: str) -> dict[str, KernelChoice]:
+def kernel_choices(on_cuda: bool, engine: str, use_remove_padding: bool = True) -> dict[str, KernelChoice]:
     """``{part: KernelChoice}`` of the Gated DeltaNet layers as ``engine`` runs them."""
     choices = {"gated_deltanet": _gdn_choice(on_cuda)}
-    if engine == "fsdp":  # stock HF forwards (hf rollout decoding) use transformers' own conv kernel
+    # Padded forwards (use_remove_padding=false) are transformers' own, with its own conv kernel. Packed forwards
+    # and the hf rollout's decode runner (packed prefill, its own conv step) never call it.
+    if engine == "fsdp" and not use_remove_padding:
         ok = shared.importable("causal_conv1d")
         choices["stock_gdn_conv"] = KernelChoice("causal-conv1d" if ok else "torch", slow=on_cuda and not ok,
                                                  kernel="causal_conv1d")
