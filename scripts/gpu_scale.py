@@ -368,7 +368,7 @@ def engine_table(steps: list[dict]) -> None:
         run, warm, pre = d.get("run_s", float("nan")), d.get("warmup_s", 0.0), d.get("prefill_s", 0.0)
         per = 1e3 * (run - warm - pre) / n if n else float("nan")
         live = d.get("slot_steps", 0) / n if n else float("nan")
-        wait = (f"{100 * d['sync_wait_s'] / (run - warm - pre):.0f} %" if "sync_wait_s" in d and run - warm - pre > 0
+        wait = (f"{100 * d['device_wait_s'] / (run - warm - pre):.0f} %" if "device_wait_s" in d and run - warm - pre > 0
                 else "-")
         print(f"| {r['step']} | {r['data'].get('timing_s/gen', float('nan')):.1f} | {run:.1f} | {warm:.1f} | "
               f"{pre:.1f} | {n:,.0f} | {per:.1f} | {d.get('slots', 0):.0f} | {live:.1f} | {wait} |")

@@ -324,6 +324,6 @@ def test_engine_metrics_split_the_rollout_time():
     assert m["perf/hf_engine/prefill_tokens"] == 15.0 and m["perf/hf_engine/decode_steps"] >= 8  # 3 seqs, 2 slots
     assert 0 < m["perf/hf_engine/prefill_s"] < m["perf/hf_engine/run_s"]
     # the host's waits at its looks at finished sequences: part of the decode time, never more
-    assert 0 < m["perf/hf_engine/sync_wait_s"] < m["perf/hf_engine/run_s"] - m["perf/hf_engine/prefill_s"]
+    assert 0 < m["perf/hf_engine/device_wait_s"] < m["perf/hf_engine/run_s"] - m["perf/hf_engine/prefill_s"]
     slower = {**m, "perf/hf_engine/run_s": m["perf/hf_engine/run_s"] + 1}
     assert _combine_agent_loop_metrics([m, slower])["perf/hf_engine/run_s"] == slower["perf/hf_engine/run_s"]

@@ -202,7 +202,7 @@ class DecodeEngine:
             self._t_setup = time.perf_counter()
             self.opt.stats.clear()
             self.opt.stats.update(capture_s=0.0, prefill_s=0.0, prefills=0, prefill_tokens=0, decode_steps=0,
-                                  slot_steps=0, sync_wait_s=0.0, cuda_graphs=int(graphs), slots=capacity)
+                                  slot_steps=0, device_wait_s=0.0, cuda_graphs=int(graphs), slots=capacity)
             if graphs:
                 t0 = time.perf_counter()
                 sizes = sorted({min(s, capacity) for s in (opt.capture_sizes or default_capture_sizes(capacity))})
@@ -300,7 +300,7 @@ class DecodeEngine:
         # tells a GPU-bound loop (the host sits here most of the time) from a host-bound one (the GPU idles).
         t0 = time.perf_counter()
         done = self.cache.done[:b].tolist()
-        stats["sync_wait_s"] += time.perf_counter() - t0
+        stats["device_wait_s"] += time.perf_counter() - t0
         if any(done):
             self._retire(seqs, running, done, results)
 

@@ -39,7 +39,7 @@ from verl.workers.rollout.hf_engine.engine import DecodeEngine, SeqRequest, SeqR
 # Stats that count work over the session's lifetime; collect hands out their increase since the last collect
 # (and the asynchronous trainer sums them over a step's chunks).
 COUNTED_STATS = ("capture_s", "prefill_s", "prefills", "prefill_tokens", "decode_steps", "slot_steps", "warmup_s",
-                 "sync_wait_s", "pauses", "paused_s", "reprefills", "reprefill_tokens", "reprefill_s")
+                 "device_wait_s", "pauses", "paused_s", "reprefills", "reprefill_tokens", "reprefill_s")
 
 
 class EngineSession:
