@@ -106,7 +106,7 @@ def calibrate_eos(model, eos_id: int, mean_len: float, device: str, seq_len: int
 
 def refine_eos_on_samples(model, eos_id: int, k: int, mean_len: float, max_len: int, device: str,
                           samples: int = 16, tokens: int = 256, prompt_len: int = 64,
-                          seed: int = 2) -> tuple[float, float]:
+                          seed: int = 2, prompts=None) -> tuple[float, float]:
     """Re-fit the EOS row's ``alpha`` (the row stays ``alpha * e_k``) on the model's own sampled responses, so the
     expected response length, capped at ``max_len``, is ``mean_len``; returns ``(alpha, expected length under the
     probe's alpha)``.
@@ -116,13 +116,21 @@ def refine_eos_on_samples(model, eos_id: int, k: int, mean_len: float, max_len: 
     to a mean of 1,500 produced 3,165 with a cap of 8,192), so this samples ``samples`` responses of ``tokens``
     tokens at temperature 1 with EOS suppressed -- until a stop, a response does not depend on the EOS row, so one
     set of samples prices every alpha -- and computes the expected length exactly over the sampled positions
-    (survival = product of 1 - p(stop)) and geometrically past them (the stop probability of the later half)."""
+    (survival = product of 1 - p(stop)) and geometrically past them (the stop probability of the later half).
+
+    ``prompts`` (a ``(samples, prompt_len)`` id tensor, e.g. :func:`dataset_prompts`): the run's own prompts instead
+    of random ids. The hidden states, and so the stop probability, drift with the context: fitted on 64 random ids
+    and 256 sampled tokens, the 9B shape aimed at 1,024 generated means of 2,700-3,200 (4 x H100, 2026-11-26) and
+    ~450 (4 x H200, 2026-11-27)."""
     import torch
 
     vocab = model.config.vocab_size
     tokens = min(tokens, max_len)  # positions past the cap do not count
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    prompts = torch.randint(0, vocab, (samples, prompt_len), generator=g).to(device)
+    if prompts is None:
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        prompts = torch.randint(0, vocab, (samples, prompt_len), generator=g)
+    prompts = prompts.to(device)
+    samples, prompt_len = prompts.shape
     w = model.lm_head.weight
     probe_alpha = w[eos_id, k].item()
     with torch.no_grad():
@@ -174,8 +182,21 @@ def refine_eos_on_samples(model, eos_id: int, k: int, mean_len: float, max_len: 
     return alpha, before
 
 
+def dataset_prompts(data: Path, tokenizer, samples: int):
+    """The first ``samples`` rows' prompts as the RL dataset renders them (chat template, generation prompt), cut
+    from the left to the shortest so that they stack: the calibration's context is the run's."""
+    import pandas as pd
+    import torch
+
+    rows = pd.read_parquet(data)["prompt"].tolist()[:samples]
+    ids = [tokenizer.apply_chat_template(list(r), add_generation_prompt=True, tokenize=True) for r in rows]
+    ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in ids]
+    n = min(len(x) for x in ids)
+    return torch.tensor([x[len(x) - n:] for x in ids])
+
+
 def build_checkpoint(path: Path, shape: str, layers: int | None, device: str, mean_len: float,
-                     max_len: int | None = None, eos_samples: int = 16) -> dict:
+                     max_len: int | None = None, eos_samples: int = 16, data: Path | None = None) -> dict:
     import torch
     import transformers as tf
 
@@ -196,9 +217,14 @@ def build_checkpoint(path: Path, shape: str, layers: int | None, device: str, me
     alpha, k = calibrate_eos(model, cfg.eos_token_id, mean_len, device)
     refit = {}
     if max_len and eos_samples:
+        # the run's prompts and as many sampled tokens as the aimed mean: most of the length distribution's mass
+        # is then priced on sampled positions, not extrapolated
+        prompts = dataset_prompts(data, build_tiny_tokenizer(), eos_samples) if data is not None else None
+        tokens = max(256, int(mean_len))
         alpha, probe_len = refine_eos_on_samples(model, cfg.eos_token_id, k, mean_len, max_len, device,
-                                                 samples=eos_samples)
-        refit = dict(eos_probe_expected_len=probe_len)
+                                                 samples=eos_samples, tokens=tokens, prompts=prompts)
+        refit = dict(eos_probe_expected_len=probe_len, eos_fit_prompt_tokens=0 if prompts is None else
+                     prompts.shape[1], eos_fit_sampled_tokens=min(tokens, max_len))
     n_params = sum(p.numel() for p in model.parameters())
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path))
@@ -312,13 +338,13 @@ def _assets(args, shape: str) -> tuple[Path, Path, dict]:
 
     work = Path(args.workdir) / f"{shape}_{args.layers or 'all'}"
     model_dir = work / "model"
-    if not (model_dir / "scale_info.json").exists():
-        build_checkpoint(model_dir, shape, args.layers, args.device, args.mean_response, args.max_response,
-                         args.eos_samples)
-    info = json.loads((model_dir / "scale_info.json").read_text())
     data = work / "data" / "train.parquet"
     if not data.exists():  # the tiny tokenizer is character-level: filler characters ~ prompt tokens
-        build_data(data, n_rows=args.prompts * 4, filler_chars=args.prompt_chars)
+        build_data(data, n_rows=max(args.prompts * 4, args.eos_samples), filler_chars=args.prompt_chars)
+    if not (model_dir / "scale_info.json").exists():
+        build_checkpoint(model_dir, shape, args.layers, args.device, args.mean_response, args.max_response,
+                         args.eos_samples, data=data)
+    info = json.loads((model_dir / "scale_info.json").read_text())
     return model_dir, data, info
 
 

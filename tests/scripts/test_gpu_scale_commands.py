@@ -66,3 +66,37 @@ def test_eos_refit_on_sampled_responses_hits_the_mean_length():
                              pad_token_id=cfg.pad_token_id)
     lengths = [r.index(cfg.eos_token_id) + 1 if cfg.eos_token_id in r else 64 for r in out[:, 16:].tolist()]
     assert 30.0 / 1.25 < sum(lengths) / len(lengths) < 30.0 * 1.25, sum(lengths) / len(lengths)
+
+
+def test_eos_refit_on_the_runs_own_prompts(tmp_path):
+    """With the run's prompts (the dataset's rows as the RL dataset renders them), the refit prices the context
+    the rollout sees: responses to other rows of the same data land on the aimed mean."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import transformers as tf
+
+    import gpu_scale
+    from gpu_grpo_step import build_data
+    from verl.models.tiny import build_tiny_tokenizer
+
+    data = tmp_path / "train.parquet"
+    build_data(data, n_rows=160, filler_chars=40)
+    tok = build_tiny_tokenizer()
+    rows = gpu_scale.dataset_prompts(data, tok, 160)
+    assert rows.shape[0] == 160 and rows.shape[1] >= 40
+    assert tok.decode(rows[0, -12:].tolist()).endswith("<|im_start|>assistant\n")  # the generation prompt
+    cfg = gpu_scale._config("tiny_dense", None)
+    torch.manual_seed(0)
+    model = tf.Qwen3_5ForCausalLM(cfg).eval()
+    _, k = gpu_scale.calibrate_eos(model, cfg.eos_token_id, mean_len=30.0, device="cpu")
+    alpha, _ = gpu_scale.refine_eos_on_samples(model, cfg.eos_token_id, k, 30.0, 64, "cpu", tokens=64,
+                                               prompts=rows[:64])
+    assert model.lm_head.weight[cfg.eos_token_id, k].item() == pytest.approx(alpha)
+    held_out = rows[64:]
+    with torch.no_grad():
+        out = model.generate(held_out, attention_mask=torch.ones_like(held_out), do_sample=True, temperature=1.0,
+                             top_k=0, top_p=1.0, max_new_tokens=64, eos_token_id=cfg.eos_token_id,
+                             pad_token_id=cfg.pad_token_id)
+    n = held_out.shape[1]
+    lengths = [r.index(cfg.eos_token_id) + 1 if cfg.eos_token_id in r else 64 for r in out[:, n:].tolist()]
+    assert 30.0 / 1.25 < sum(lengths) / len(lengths) < 30.0 * 1.25, sum(lengths) / len(lengths)
+
