@@ -27,13 +27,16 @@ class Worker(ProfilerWorkerMixin):  # the mixin adds start_profile / stop_profil
 
         if get_device_name() != "cpu":
             get_torch_device().set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size == 1:
+            # A group of one needs no rendezvous: an in-process store binds no port, so none can be taken by another
+            # process between choosing it and binding it (CI's parallel lanes hit EADDRINUSE in single-process SFT).
+            dist.init_process_group(backend=get_nccl_backend(), store=dist.HashStore(), rank=0, world_size=1)
+            return
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
-        dist.init_process_group(
-            backend=get_nccl_backend(),
-            rank=int(os.environ.get("RANK", "0")),
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        )
+        dist.init_process_group(backend=get_nccl_backend(), rank=int(os.environ.get("RANK", "0")),
+                                world_size=world_size)
 
     def ping(self) -> int:
         return self.rank
