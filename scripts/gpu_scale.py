@@ -188,9 +188,10 @@ def dataset_prompts(data: Path, tokenizer, samples: int):
     import pandas as pd
     import torch
 
+    from verl.utils.chat_template import apply_chat_template
+
     rows = pd.read_parquet(data)["prompt"].tolist()[:samples]
-    ids = [tokenizer.apply_chat_template(list(r), add_generation_prompt=True, tokenize=True) for r in rows]
-    ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in ids]
+    ids = [list(apply_chat_template(tokenizer, list(r), tokenize=True)) for r in rows]
     n = min(len(x) for x in ids)
     return torch.tensor([x[len(x) - n:] for x in ids])
 
@@ -392,10 +393,10 @@ def engine_table(steps: list[dict]) -> None:
         d = {k.rsplit("/", 1)[-1]: v for k, v in r["data"].items() if k.startswith("perf/hf_engine/")}
         n = d.get("decode_steps", 0)
         run, warm, pre = d.get("run_s", float("nan")), d.get("warmup_s", 0.0), d.get("prefill_s", 0.0)
-        per = 1e3 * (run - warm - pre) / n if n else float("nan")
+        decode = run - warm - pre
+        per = 1e3 * decode / n if n else float("nan")
         live = d.get("slot_steps", 0) / n if n else float("nan")
-        wait = (f"{100 * d['device_wait_s'] / (run - warm - pre):.0f} %" if "device_wait_s" in d and run - warm - pre > 0
-                else "-")
+        wait = f"{100 * d['device_wait_s'] / decode:.0f} %" if "device_wait_s" in d and decode > 0 else "-"
         print(f"| {r['step']} | {r['data'].get('timing_s/gen', float('nan')):.1f} | {run:.1f} | {warm:.1f} | "
               f"{pre:.1f} | {n:,.0f} | {per:.1f} | {d.get('slots', 0):.0f} | {live:.1f} | {wait} |")
 

@@ -68,8 +68,8 @@ class ModelSpec:
     # hf rollout engine's decode runner, a class ``Runner(module, backend)`` (verl.workers.rollout.hf_engine);
     # None: the hf rollout generates with ``module.generate``.
     hf_runner: Optional[str] = None
-    # ``fn(on_cuda, engine, use_remove_padding) -> {part: KernelChoice}`` for the model's own fast kernels (reported at start-up by
-    # verl.models.kernels next to packed attention); None: no parts of its own.
+    # ``fn(on_cuda, engine, use_remove_padding) -> {part: KernelChoice}`` for the model's own fast kernels
+    # (reported at start-up by verl.models.kernels next to packed attention); None: no parts of its own.
     kernels: Optional[str] = None
     # What vLLM needs registered to run this architecture (dotted path of a function taking no arguments, called
     # by the project's vLLM plugin in every vLLM process); None: vLLM runs it as installed.
