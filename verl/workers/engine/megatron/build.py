@@ -12,6 +12,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from verl.single_controller.worker import Worker
+
 from .layout import RANK_ORDER
 from .settings import MegatronSettings
 
@@ -21,24 +23,14 @@ __all__ = ["build_ddp", "build_model_chunks", "build_optimizer", "build_schedule
            "optim_value"]
 
 
-def _ensure_process_group() -> None:
-    """The worker normally owns the process group; a lone process (tests, SFT scripts) gets a 1-rank one."""
-    if dist.is_initialized():
-        return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    dist.init_process_group(backend="nccl")
-
-
 def init_parallel_state(s: MegatronSettings) -> None:
     """megatron-core's parallel groups over the worker's process group (once per process: the actor and
     a colocated reference share them, so a second engine must ask for the same layout)."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
-    _ensure_process_group()
+    # The worker normally owns the process group; a lone process (benchmarks, SFT scripts) gets a group of one.
+    Worker.ensure_process_group()
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(torch.cuda.device_count(), 1)))
     torch.cuda.set_device(local_rank)
     if ps.model_parallel_is_initialized():
