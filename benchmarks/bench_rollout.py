@@ -28,6 +28,7 @@ the shapes of scripts/gpu_grpo_step.py):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import os
@@ -140,15 +141,38 @@ def decode_bytes(model, batch: int, context: float, state_bytes: int) -> float:
     return weights + state + kv
 
 
+@contextlib.contextmanager
+def torch_attention(on: bool):
+    """The baseline row of ``--torch-attention``: the decode step's attention as the torch matmuls over each slot's
+    whole allocation (what the engine ran before ``decode_kernels.decode_attention``), in the same run."""
+    try:
+        from verl.models.qwen3_5 import decode_kernels
+    except ImportError:  # no triton (a CPU): the torch step is the only one
+        on = False
+    if not on:
+        yield
+        return
+
+    saved = decode_kernels.attention_supported
+    decode_kernels.attention_supported = lambda head_dim: False
+    try:
+        yield
+    finally:
+        decode_kernels.attention_supported = saved
+
+
 def fixed_lengths(model, args, device, vocab) -> list[dict]:
     rows = []
     for b in args.batches:
         prompts = random_prompts([args.prompt_len] * b, vocab, seed=b)
         variants = [("engine", {})] + ([("engine, bf16 state", {"state_dtype": "bfloat16"})] if args.bf16_state else [])
+        if args.torch_attention and device.type == "cuda":
+            variants.append(("engine, torch attention", {}))
         for impl, kw in variants:
             rollout = make_rollout(model, b, args.prefill_tokens, **kw)
-            engine_generate(rollout, prompts, 8)  # warm-up on the same prompts (prefill kernels for this shape)
-            t, outs = timed(lambda: engine_generate(rollout, prompts, args.new_tokens), device)
+            with torch_attention(impl.endswith("torch attention")):
+                engine_generate(rollout, prompts, 8)  # warm-up on the same prompts (prefill kernels for this shape)
+                t, outs = timed(lambda: engine_generate(rollout, prompts, args.new_tokens), device)
             assert all(len(o[0].token_ids) == args.new_tokens for o in outs)
             st = rollout.last_stats
             rows.append(dict(case="fixed", batch=b, impl=impl, seconds=t, tokens=b * args.new_tokens,
@@ -392,6 +416,9 @@ def main(argv=None) -> int:
     p.add_argument("--mix-seed", type=int, default=0)
     p.add_argument("--mix-gen-steps", type=int, default=128, help="steps of generate timed for the mix")
     p.add_argument("--bf16-state", action="store_true", help="also an engine row with bf16 recurrent state")
+    p.add_argument("--torch-attention", action="store_true",
+                   help="also an engine row with the torch decode attention over the whole allocation (the baseline "
+                   "of the split-K kernel)")
     p.add_argument("--prefill-tokens", type=int, default=16384,
                    help="the engine's prompt tokens per packed prefill forward (rollout.max_num_batched_tokens)")
     p.add_argument("--json", default=None)

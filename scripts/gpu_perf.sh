@@ -45,7 +45,8 @@ for part in $PARTS; do
                --impls "${ACTOR9B_IMPLS:-packed_triton}" --shapes 9b ${L9B:+--layers "$L9B"} --profile "$PROF" \
                --json "$OUT/actor9b.json" ;;
     rollout9b) run_part rollout9b "${T_ROLLOUT9B:-300}" "$PY" benchmarks/bench_rollout.py $S \
-               --shape 9b --batches 32,128 --cases fixed --skip-generate --vllm off --profile "$PROF" \
+               --shape 9b --batches 32,128 --cases fixed --skip-generate --vllm off --torch-attention \
+               --profile "$PROF" \
                $([ -n "$S" ] || echo --prompt-len 2048 --new-tokens 512) ;;
     sampler) run_part sampler "${T_SAMPLER:-90}" "$PY" benchmarks/bench_sampler.py $S ;;
     rollout) run_part rollout "${T_ROLLOUT:-300}" "$PY" benchmarks/bench_rollout.py $S --batches 256 --cases fixed \

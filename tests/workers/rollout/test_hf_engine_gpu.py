@@ -1,6 +1,6 @@
-"""GPU checks of the hf decode loop: fla's in-place recurrent step vs the torch reference, CUDA-graph replay vs
-eager decoding, greedy parity with ``generate`` through the fla kernels, and PyTorch's native varlen attention vs
-the padded SDPA fallback. Run with ``pytest -m gpu`` (scripts/gpu_rollout.sh does)."""
+"""GPU checks of the hf decode loop: fla's in-place recurrent step vs the torch reference, the split-K decode
+attention vs an fp64 softmax, CUDA-graph replay vs eager decoding, greedy parity with ``generate`` through the
+fla kernels, and PyTorch's native varlen attention vs the padded SDPA fallback. Run with ``pytest -m gpu`` (scripts/gpu_rollout.sh does)."""
 
 import pytest
 import torch
@@ -47,6 +47,30 @@ def test_recurrent_step_kernels_match_torch(state_dtype, backend):
     tol = dict(rtol=1e-4, atol=1e-4) if state_dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(o_fla.float(), o_ref.float(), **tol)
     torch.testing.assert_close(s_fla.float(), s_ref.float(), **tol)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_kernel_reads_only_visible_keys(dtype):
+    """The split-K decode attention at the 9B's head shape (16 query / 4 kv heads x 256) over a 5k allocation, at
+    positions on, before and after chunk boundaries, vs an fp32 softmax over keys 0 .. pos. The keys past each
+    slot's position are NaN: a kernel that read them would return NaN."""
+    from verl.models.qwen3_5.decode_kernels import decode_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b, hkv, grp, length, d = 6, 4, 4, 5200, 256
+    kv = torch.randn(2, 8, hkv, length, d, device="cuda", generator=g).to(dtype)  # 8 slots, the first b used
+    pos = torch.tensor([0, 255, 256, 1023, 3000, length - 1], device="cuda")
+    for i, p in enumerate(pos.tolist()):
+        kv[:, i, :, p + 1:] = float("nan")
+    q = torch.randn(b, hkv * grp, d, device="cuda", generator=g).to(dtype)
+    out = decode_attention(q, kv[0, :b], kv[1, :b], pos, d**-0.5)
+    qf, kf, vf = q.double().reshape(b, hkv, grp, d), kv[0, :b].double(), kv[1, :b].double()
+    visible = torch.arange(length, device="cuda")[None] <= pos[:, None]
+    scores = (qf @ kf.nan_to_num().transpose(-1, -2) * d**-0.5).masked_fill(~visible[:, None, None], float("-inf"))
+    ref = (torch.softmax(scores, -1) @ vf.nan_to_num()).reshape(b, -1)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
 
 
 def _decode_once(model, backend, seed=1):

@@ -205,3 +205,101 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     y = torch.empty_like(x)
     _gated_rms_norm[(rows,)](x, z, weight, y, n, eps, BLOCK=triton.next_power_of_2(n), num_warps=1)
     return y
+
+
+# ---------------------------------------------------------------------------------------------- decode attention
+# One query token per slot over the slot's cache, reading only the keys it can see. The torch step multiplies
+# the query by the slot's whole allocation (prompt + the longest response allowed), so at a 1k prompt with a 4k
+# response limit it reads ~5x the live keys early in a rollout; here each program owns one (slot, kv head,
+# chunk of CHUNK positions) and stops at the slot's position (split-K "flash decoding": chunks past it exit at
+# once), and a second kernel merges the chunks' partial softmaxes. The grid depends only on the allocation, so
+# a CUDA graph captured at one length stays valid as the slots grow.
+
+
+@triton.jit
+def _decode_attn_chunk(q, kc, vc, pos, part_out, part_lse, scale, stride_qb, stride_kb, stride_kh, stride_kl,
+                       n_chunks, HQ: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                       BLOCK: tl.constexpr, CHUNK: tl.constexpr, IEEE: tl.constexpr):
+    i_b = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1).to(tl.int64)  # kv head; its G query heads are consecutive
+    i_c = tl.program_id(2)
+    visible = tl.load(pos + i_b) + 1  # keys 0 .. pos (the step wrote its own key at pos)
+    start = i_c * CHUNK
+    if start < visible:  # a chunk past the slot's position writes nothing; the merge does not read it
+        o_g = tl.arange(0, GP)
+        o_d = tl.arange(0, D)
+        g_live = o_g < G
+        b_q = tl.load(q + i_b * stride_qb + (i_h * G + o_g[:, None]) * D + o_d[None, :], mask=g_live[:, None],
+                      other=0.0)
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        base = i_b * stride_kb + i_h * stride_kh
+        end = tl.minimum(start + CHUNK, visible)
+        for off in tl.static_range(0, CHUNK, BLOCK):  # blocks past ``end`` load nothing (masked)
+            o_l = start + off + tl.arange(0, BLOCK)
+            live = o_l < end
+            b_k = tl.load(kc + base + o_l[:, None] * stride_kl + o_d[None, :], mask=live[:, None], other=0.0)
+            if IEEE:  # fp32 models: no TF32 rounding in the scores (the torch step's fp32 matmul)
+                s = tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
+            else:
+                s = tl.dot(b_q, tl.trans(b_k))
+            s = tl.where(live[None, :], s * scale, float("-inf"))  # (GP, BLOCK) fp32
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            b_v = tl.load(vc + base + o_l[:, None] * stride_kl + o_d[None, :], mask=live[:, None], other=0.0)
+            if IEEE:
+                pv = tl.dot(p, b_v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(b_v.dtype), b_v)  # probabilities rounded to the cache dtype, as the torch step
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        row = (i_b * HQ + i_h * G + o_g) * n_chunks + i_c  # partials laid out (slot, query head, chunk)
+        tl.store(part_out + row[:, None] * D + o_d[None, :], acc / l_i[:, None], mask=g_live[:, None])
+        tl.store(part_lse + row, m_i + tl.log(l_i), mask=g_live)
+
+
+@triton.jit
+def _decode_attn_merge(pos, part_out, part_lse, out, n_chunks, HQ: tl.constexpr, D: tl.constexpr,
+                       CHUNK: tl.constexpr, NCP: tl.constexpr):
+    i_bq = tl.program_id(0).to(tl.int64)  # (slot, query head)
+    live = tl.cdiv(tl.load(pos + i_bq // HQ) + 1, CHUNK)  # chunks the first kernel wrote
+    o_c = tl.arange(0, NCP)
+    lse = tl.load(part_lse + i_bq * n_chunks + o_c, mask=o_c < live, other=float("-inf"))
+    w = tl.exp(lse - tl.max(lse, 0))  # 0 for the unwritten chunks
+    o_d = tl.arange(0, D)
+    part = tl.load(part_out + (i_bq * n_chunks + o_c[:, None]) * D + o_d[None, :], mask=(o_c < live)[:, None],
+                   other=0.0)
+    acc = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(out + i_bq * D + o_d, acc.to(out.dtype.element_ty))
+
+
+def attention_supported(head_dim: int) -> bool:
+    return head_dim & (head_dim - 1) == 0 and 16 <= head_dim <= 256
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                     scale: float, chunk: Optional[int] = None) -> torch.Tensor:
+    """Softmax attention of one query token per slot over keys ``0 .. pos[i]`` of its cache: q (B, Hq, D) with a
+    contiguous last two dims, caches (B, Hkv, L, D) with a contiguous last dim (``SlotCache.kv`` views, same
+    strides for keys and values), ``pos`` (B,) int. Grouped queries: query heads ``h * G .. h * G + G - 1`` read
+    kv head ``h``. Returns (B, Hq * D) in q's dtype. ``chunk``: positions per program (default: 256, or more so
+    that a long allocation has at most 32 chunks, the merge's register tile)."""
+    b, hq, d = q.shape
+    hkv, length = k_cache.shape[1], k_cache.shape[2]
+    assert q.stride(2) == 1 and q.stride(1) == d and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    g = hq // hkv
+    chunk = chunk or max(256, triton.next_power_of_2(triton.cdiv(length, 32)))
+    n_chunks = triton.cdiv(length, chunk)
+    part_out = torch.empty(b, hq, n_chunks, d, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(b, hq, n_chunks, dtype=torch.float32, device=q.device)
+    out = torch.empty(b, hq * d, dtype=q.dtype, device=q.device)
+    _decode_attn_chunk[(b, hkv, n_chunks)](
+        q, k_cache, v_cache, pos, part_out, part_lse, scale, q.stride(0), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), n_chunks, HQ=hq, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK=64, CHUNK=chunk,
+        IEEE=q.dtype == torch.float32, num_warps=4)
+    _decode_attn_merge[(b * hq,)](pos, part_out, part_lse, out, n_chunks, HQ=hq, D=d, CHUNK=chunk,
+                                  NCP=triton.next_power_of_2(n_chunks), num_warps=4)
+    return out

@@ -451,6 +451,9 @@ class Qwen35Runner(Qwen35SpecForwards):
         index = (rows[:, None], heads[None, :], pos[:, None])
         kc.index_put_(index, k[:, 0].to(kc.dtype))
         vc.index_put_(index, v[:, 0].to(vc.dtype))
+        if kern is not None and kern.attention_supported(q.shape[-1]):  # reads only the visible keys
+            out = kern.decode_attention(q[:, 0].contiguous(), kc, vc, pos, m.scaling).reshape(b, 1, -1)
+            return m.o_proj(out * torch.sigmoid(gate))
         # Grouped-query attention of one query token over the slot's cache, keys up to its own position.
         qg = q[:, 0].reshape(b, hkv, -1, q.shape[-1])  # (b, Hkv, G, D)
         scores = torch.matmul(qg, kc.transpose(-1, -2)).float() * m.scaling  # (b, Hkv, G, L)
