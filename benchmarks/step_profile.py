@@ -27,7 +27,7 @@ from trace_top_kernels import load_events, markdown, summarize  # noqa: E402
 # Kernel classes by name, first match wins (flash attention's kernels are CUTLASS kernels too, hence attention
 # first). The names are those the kernels carry in a CUDA trace of this project's steps on Hopper.
 KERNEL_CLASSES = [
-    ("attention", r"flash|fmha|attention|varlen|sdpa|softmax_warp"),
+    ("attention", r"flash|fmha|attention|_attn_|varlen|sdpa|softmax_warp"),  # _attn_: the decode step's split-K
     # this project's fused LM-head log-prob kernels (verl/utils/kernel/triton_linear_logprob.py) are `_fwd_kernel`
     # and `_bwd_dlogits_kernel`
     ("log-prob / LM head", r"^_fwd_kernel$|_bwd_dlogits|logprob|log_prob|entropy|lm_head|cross_entropy|vocab"),

@@ -51,7 +51,7 @@ for part in $PARTS; do
     sampler) run_part sampler "${T_SAMPLER:-90}" "$PY" benchmarks/bench_sampler.py $S ;;
     rollout) run_part rollout "${T_ROLLOUT:-300}" "$PY" benchmarks/bench_rollout.py $S --batches 256 --cases fixed \
                --bf16-state --vllm off --profile "$PROF" ;;
-    tests) run_part tests "${T_TESTS:-200}" "$PY" -m pytest -q -m gpu tests/workers/rollout/test_hf_engine_gpu.py \
+    tests) run_part tests "${T_TESTS:-420}" "$PY" -m pytest -q -m gpu tests/workers/rollout/test_hf_engine_gpu.py \
                tests/workers/rollout/test_fused_sampler_gpu.py -p no:cacheprovider -rsfE ;;
     *) echo "unknown part $part" ;;
     esac

@@ -24,6 +24,8 @@ NAMES = {
     "chunk_gated_delta_rule_fwd_kernel_h_blockdim64": "gated deltanet",
     "causal_conv1d_bwd_kernel": "gated deltanet",
     "_gdn_decode_step": "gated deltanet",
+    "_decode_attn_chunk": "attention",  # an H200 trace of 2026-11-27 (gpu_perf.sh rollout9b)
+    "_decode_attn_merge": "attention",
     "_add_rms_norm": "norm",
     "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)":
         "copy / fill",

@@ -246,8 +246,11 @@ class ActorRolloutRefWorker(Worker):
         # Sleep after generating, wake weights -> sync -> wake KV cache before generating (free_cache_engine). A
         # rollout pool of its own shares its devices with no trainer and gets weights only by
         # load_rollout_weights: its engine stays awake.
+        release = None
+        if shares_module and self.actor_engine is not None and rcfg.get("free_cache_engine", True):
+            release = self.actor_engine.release_hf_rollout_module  # an hf copy of its own (Megatron): freed
         self.rollout_cycle = RolloutCycle(self.rollout, self._sync_rollout_weights,
-                                          dedicated=self._is_rollout and not self._is_actor)
+                                          dedicated=self._is_rollout and not self._is_actor, release=release)
 
     def _sync_rollout_weights(self):
         """Weights from the actor engine's parameter generator (adapter-only for LoRA where the rollout can

@@ -1,7 +1,7 @@
 """MegatronEngine on the Qwen3.5 mcore model (one GPU, packed THD): log-probs against Hugging Face per sequence,
 the HF export reproducing the checkpoint, offload -> reload -> train step equal to no offload (the Gated
 DeltaNet layers' parameters and gradients live in the DDP buffers), exact checkpoint resume, and the hf
-rollout's synced copy. Needs megatron-core, fla and CUDA: ``pytest -m gpu tests/workers/engine/``."""
+rollout's synced copy (also after releasing its memory). Needs megatron-core, fla and CUDA: ``pytest -m gpu tests/workers/engine/``."""
 
 from __future__ import annotations
 
@@ -128,6 +128,24 @@ def test_checkpoint_resume_is_exact_and_hf_copy_follows(checkpoints, tmp_path):
         assert torch.equal(p.detach(), exported[name].to(p.dtype)), name
     # the HF export written with the checkpoint loads as a plain HF model
     assert (tmp_path / "ckpt" / "huggingface" / "config.json").exists()
+
+
+def test_hf_copy_released_between_generations_comes_back_with_the_trained_weights(checkpoints):
+    """rollout.free_cache_engine on Megatron: the HF copy's parameter memory goes back to the trainer after a
+    generation and the next sync re-allocates and refills every parameter (a train step in between)."""
+    path = checkpoints["moe"]
+    eng = make_engine(path, dtype="bfloat16")
+    module = eng.hf_rollout_module()
+    held = sum(p.numel() * p.element_size() for p in module.parameters())
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    assert eng.release_hf_rollout_module() is True
+    assert before - torch.cuda.memory_allocated() >= held
+    eng.train_batch(qwen_batch(path, 1), util.nll_loss)
+    eng.sync_hf_rollout_module()
+    exported = dict(eng.get_per_tensor_param())
+    for name, p in module.named_parameters():
+        assert torch.equal(p.detach(), exported[name].to(p.dtype)), name
 
 
 def test_fp32_checkpoint_seeds_the_fp32_master_weights(checkpoints):

@@ -72,3 +72,27 @@ def test_a_dedicated_engine_never_sleeps_and_is_never_synced_by_the_cycle():
     cycle.before_generate()
     cycle.after_generate()
     assert rec.events == []
+
+
+def test_a_released_copy_is_synced_before_the_next_generation():
+    """The hf rollout on Megatron: after the engine's sleep the worker's ``release`` frees the engine's HF copy;
+    the next generation must sync first even though the actor did not change (validation between updates)."""
+    rec = _Recorder()
+    freed = []
+    cycle = RolloutCycle(rec, lambda: rec.events.append(("sync",)), release=lambda: freed.append(1) or True)
+    cycle.before_generate()
+    cycle.after_generate()
+    assert rec.events[-1] == ("sleep", ("weights", "kv_cache")) and freed == [1]
+    rec.events.clear()
+    cycle.before_generate()
+    assert rec.events == [("wake", ("weights",)), ("sync",), ("wake", ("kv_cache",))]
+
+
+def test_a_release_that_frees_nothing_keeps_the_weights():
+    rec = _Recorder()
+    cycle = RolloutCycle(rec, lambda: rec.events.append(("sync",)), release=lambda: False)
+    cycle.before_generate()
+    cycle.after_generate()
+    rec.events.clear()
+    cycle.before_generate()
+    assert ("sync",) not in rec.events

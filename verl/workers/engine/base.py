@@ -160,6 +160,12 @@ class BaseEngine(ABC):
         """Bring :meth:`hf_rollout_module` up to date after an update or a checkpoint load (collective);
         nothing to do when it is the training module."""
 
+    def release_hf_rollout_module(self) -> bool:
+        """Free the device memory of :meth:`hf_rollout_module`'s parameters until the next
+        :meth:`sync_hf_rollout_module`, which re-allocates and refills them; True when something was freed.
+        Nothing to free when the rollout generates with the training module itself."""
+        return False
+
     # ---------------------------------------------------------------- checkpoints
     @abstractmethod
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: Optional[int] = None) -> None: ...

@@ -9,7 +9,10 @@ The trainer and the rollout engine share the device. Upstream's order, which thi
   its weights and KV cache back to the trainer.
 
 Whether sleeping frees anything is the engine's business (``rollout.free_cache_engine`` with vLLM's sleep
-mode; the hf engine and vLLM's CPU build keep their memory and their ``sleep`` / ``wake_up`` do nothing).
+mode; vLLM's CPU build keeps its memory, its ``sleep`` / ``wake_up`` do nothing). The hf engine generates with
+the training module, except on Megatron, whose engine keeps a Hugging Face copy: with ``free_cache_engine`` the
+copy's parameter memory goes back to the trainer after generating (``release``; its contents are discarded, as
+vLLM's sleep level 2) and the next sync re-allocates and refills it.
 The worker only calls :meth:`RolloutCycle.before_generate`, :meth:`RolloutCycle.after_generate` and
 :meth:`RolloutCycle.weights_changed`.
 """
@@ -17,7 +20,7 @@ The worker only calls :meth:`RolloutCycle.before_generate`, :meth:`RolloutCycle.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -26,12 +29,16 @@ class RolloutCycle:
     """``rollout``: a :class:`~verl.workers.rollout.base.BaseRollout`; ``sync()``: pushes the actor's
     current weights into it (a collective on every rank: all ranks call these methods together)."""
 
-    def __init__(self, rollout, sync: Callable[[], None], dedicated: bool = False):
+    def __init__(self, rollout, sync: Callable[[], None], dedicated: bool = False,
+                 release: Optional[Callable[[], bool]] = None):
         """``dedicated``: the engine has its devices to itself (a rollout pool of its own, asynchronous modes)
-        and gets its weights from elsewhere: it never sleeps and this cycle never syncs."""
+        and gets its weights from elsewhere: it never sleeps and this cycle never syncs. ``release()``: after the
+        engine's sleep, free the memory of weights that the next ``sync()`` rewrites in full; True when it freed
+        them (the next generation then syncs first, whether or not the actor changed)."""
         self.rollout = rollout
         self.sync = sync
         self.dedicated = dedicated
+        self.release = release
         self.stale = True  # the engine starts from the checkpoint (or dummy weights): sync before first use
 
     def weights_changed(self) -> None:
@@ -51,3 +58,5 @@ class RolloutCycle:
         if self.dedicated:
             return
         self.rollout.sleep(("weights", "kv_cache"))
+        if self.release is not None and self.release():
+            self.stale = True

@@ -269,6 +269,28 @@ def build_hf_module(engine: "MegatronEngine") -> torch.nn.Module:
     return module.to(torch.device("cuda", torch.cuda.current_device())).eval()
 
 
+def release_hf_module(module: torch.nn.Module) -> bool:
+    """Free the storage of every parameter of ``module`` in place (the tensors keep their shapes; reading them
+    before :func:`restore_hf_module` fails). Returns False when they were already released."""
+    if getattr(module, "_verl_released", None):
+        return False
+    sizes = {}
+    for p in module.parameters():  # tied parameters share one storage: free (and later restore) it once
+        storage = p.data.untyped_storage()
+        sizes.setdefault(storage.data_ptr(), (p.data, storage.size()))
+    for tensor, _ in sizes.values():
+        tensor.untyped_storage().resize_(0)
+    module._verl_released = list(sizes.values())
+    return True
+
+
+def restore_hf_module(module: torch.nn.Module) -> None:
+    """Give a released module's parameters uninitialised storage of their old size again (a sync fills it)."""
+    for tensor, nbytes in getattr(module, "_verl_released", None) or ():
+        tensor.untyped_storage().resize_(nbytes)
+    module._verl_released = None
+
+
 @torch.no_grad()
 def sync_hf_module(engine: "MegatronEngine", module: torch.nn.Module) -> None:
     """Copy the current weights into ``module`` (collective) and prove every parameter was written once."""
