@@ -1,7 +1,8 @@
 """MegatronEngine on the Qwen3.5 mcore model (one GPU, packed THD): log-probs against Hugging Face per sequence,
 the HF export reproducing the checkpoint, offload -> reload -> train step equal to no offload (the Gated
 DeltaNet layers' parameters and gradients live in the DDP buffers), exact checkpoint resume, and the hf
-rollout's synced copy (also after releasing its memory). Needs megatron-core, fla and CUDA: ``pytest -m gpu tests/workers/engine/``."""
+rollout's synced copy (also after releasing its memory). Needs megatron-core, fla and CUDA:
+``pytest -m gpu tests/workers/engine/``."""
 
 from __future__ import annotations
 
