@@ -370,12 +370,18 @@ def report(steps: list[dict], info: dict, args, ceiling: float | None, walls: tu
                   f"{100 * mfu:.1f} %" if mfu is not None else "-",
                   f"{100 * mfu * promised / ceiling:.1f} %" if mfu is not None and ceiling else "-",
                   f"{d.get('perf/max_memory_allocated_gb', float('nan')):.1f}",
-                  f"{100 * d.get('timing_s/gen', 0) / d['timing_s/step']:.0f} %"]
+                  f"{100 * d.get('timing_s/gen', 0) / step_without_save(d):.0f} %"]
         print(f"| {r['step']} | " + " | ".join(cells) + " |")
     engine_table(steps)
     print(f"\nbf16 matmul ceiling measured: {f'{ceiling:.0f} TFLOP/s' if ceiling else 'n/a'}; datasheet "
           f"{promised:.0f} TFLOP/s. Run 1 (steps 1-3 + save) {walls[0]:.0f} s wall; resumed run (load + step 4) "
           f"{walls[1]:.0f} s wall. EOS row alpha {info['eos_alpha']:.3g} on dim {info['eos_dim']}.", flush=True)
+
+
+def step_without_save(d: dict) -> float:
+    """The step's seconds without its checkpoint save (``timing_s/step`` includes a save, as upstream's does): the
+    generation share's denominator, the same on save steps and others."""
+    return d["timing_s/step"] - d.get("timing_s/save_checkpoint", 0.0)
 
 
 def engine_table(steps: list[dict]) -> None:

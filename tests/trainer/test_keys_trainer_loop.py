@@ -316,3 +316,25 @@ def test_default_rewards_are_the_letter_echo_scores(run):
     _, fakes, _ = run("trainer.total_training_steps=1", "trainer.val_before_train=false")
     sums = fakes["actor_rollout"].updates[0]["rewards"].sum(-1)
     assert set(np.round(sums.numpy(), 3)) <= {0.0, 1.0} and 0 < float(sums.mean()) < 1
+
+
+def test_a_save_step_times_the_save_inside_the_step(run, monkeypatch):
+    """Upstream times trainer.save_freq's checkpoint save inside ``timing_s/step`` (and so in perf/time_per_step
+    and perf/throughput); a step without a save does not include one."""
+    import time
+
+    slow = FakeActorRollout.save_checkpoint
+
+    def save(self, path, global_step=0):
+        time.sleep(0.4)
+        slow(self, path, global_step)
+
+    monkeypatch.setattr(FakeActorRollout, "save_checkpoint", save)
+    result, _, _ = run("trainer.save_freq=2", "trainer.val_before_train=false")
+    first, second = result["history"]
+    assert "timing_s/save_checkpoint" not in first
+    save_s = second["timing_s/save_checkpoint"]
+    assert save_s >= 0.4
+    assert second["timing_s/step"] >= save_s + second["timing_s/gen"]
+    assert second["perf/time_per_step"] == second["timing_s/step"]
+    assert second["perf/throughput"] == pytest.approx(second["perf/total_num_tokens"] / second["timing_s/step"])

@@ -21,6 +21,7 @@ __all__ = [
     "compute_data_metrics",
     "compute_timing_metrics",
     "compute_throughout_metrics",
+    "fold_save_into_step",
     "bootstrap_metric",
     "calc_maj_val",
     "process_validation_metrics",
@@ -158,6 +159,15 @@ def compute_throughout_metrics(batch, timing_raw: dict[str, float], n_gpus: int)
         "perf/time_per_step": step,
         "perf/throughput": n_tok / (step * n_gpus),
     }
+
+
+def fold_save_into_step(metrics: dict[str, Any], save_s: float, n_gpus: int) -> dict[str, Any]:
+    """The step's time and throughput with the checkpoint save counted in, as upstream times it (its save runs
+    inside the ``step`` timer; here it runs after the step's metrics, so that a preempted run can save the step
+    it just finished)."""
+    step = metrics["timing_s/step"] + save_s
+    return {"timing_s/step": step, "perf/time_per_step": step,
+            "perf/throughput": metrics["perf/total_num_tokens"] / (step * n_gpus)}
 
 
 def bootstrap_metric(

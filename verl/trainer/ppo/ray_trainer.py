@@ -34,6 +34,7 @@ from verl.trainer.ppo.metric_utils import (
     compute_throughout_metrics,
     compute_timing_metrics,
     flatten_validation_metrics,
+    fold_save_into_step,
     process_validation_metrics,
     reduce_metrics,
 )
@@ -324,6 +325,8 @@ class RayPPOTrainer:
                         saved = self._save_checkpoint()
                     saved_step = self.global_steps
                     metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
+                    if "timing_s/step" in metrics and "perf/total_num_tokens" in metrics:
+                        metrics.update(fold_save_into_step(metrics, self._timing["save_checkpoint"], self.world_size))
                 test_freq = cfg.trainer.get("test_freq", -1)
                 if not preempted and self.val_reward_fn is not None and test_freq and test_freq > 0 and (
                         is_last or self.global_steps % test_freq == 0):
