@@ -52,7 +52,8 @@ def log(msg: str) -> None:
     print(f"[actor +{time.time() - _T0:5.1f}s] {msg}", flush=True)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import fmt_table, grpo_length_mix, matmul_ceiling, median, sync, time_fn  # noqa: E402
+from common import (  # noqa: E402
+    dense_twin_config, fmt_table, grpo_length_mix, matmul_ceiling, median, sync, time_fn)
 
 SHAPE_2B = dict(
     hidden_size=2048,
@@ -86,8 +87,7 @@ def shape_config(name: str, smoke: bool, layers: int | None):
     ``2b`` / ``9b``: the Qwen3.5-2B / -9B shapes above (``layers`` of their 24 / 32).
     ``35b-a3b``: ``Qwen3_5MoeTextConfig``'s defaults (the 35B-A3B shape:
     hidden 2048, 256 experts top-8, expert FFN 512, shared expert 512) with ``layers`` of its 40 layers (default 4).
-    ``35b-a3b-dense``: its dense twin with the same active parameters per token: the same attention and Gated
-    DeltaNet layers and one SwiGLU MLP as wide as the top-8 experts plus the shared expert (8 x 512 + 512 = 4,608),
+    ``35b-a3b-dense``: its dense twin with the same active parameters per token (``common.dense_twin_config``),
     the baseline of issue 20's goal (MoE update within 1.5x the dense model's time per token). ``smoke`` shrinks
     every shape (8 experts top-2 for the MoE)."""
     import transformers as tf
@@ -114,12 +114,7 @@ def shape_config(name: str, smoke: bool, layers: int | None):
     if name == "35b-a3b":
         moe.architectures = ["Qwen3_5MoeForCausalLM"]
         return moe
-    dense_keys = set(tf.Qwen3_5TextConfig().to_dict())
-    kw = {k: v for k, v in moe.to_dict().items() if k in dense_keys and k not in ("architectures", "model_type")}
-    kw["intermediate_size"] = moe.num_experts_per_tok * moe.moe_intermediate_size + moe.shared_expert_intermediate_size
-    cfg = tf.Qwen3_5TextConfig(**kw)
-    cfg.architectures = ["Qwen3_5ForCausalLM"]
-    return cfg
+    return dense_twin_config(moe)
 
 
 def build_model(cfg, device: torch.device, dtype: torch.dtype):

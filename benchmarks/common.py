@@ -123,6 +123,23 @@ def grpo_length_mix(n: int = 16, seed: int = 1, prompt_range=(100, 500), respons
     return [int(x) for x in prompts], [int(x) for x in responses]
 
 
+def dense_twin_config(moe_cfg):
+    """The dense twin of a Qwen3.5 MoE text config, with the same active parameters per token: the same
+    attention and Gated DeltaNet layers, embedding and head, and one SwiGLU MLP as wide as the routed top-k
+    experts plus the shared expert (35B-A3B: 8 x 512 + 512 = 4,608). Issue 20's MoE goal is the MoE update within
+    1.5x this model's time per token (``bench_actor_throughput.py --shapes 35b-a3b,35b-a3b-dense`` on one GPU,
+    ``scripts/gpu_scale.py megatron --dense-twin`` in a GRPO run)."""
+    import transformers as tf
+
+    dense_keys = set(tf.Qwen3_5TextConfig().to_dict())
+    kw = {k: v for k, v in moe_cfg.to_dict().items() if k in dense_keys and k not in ("architectures", "model_type")}
+    kw["intermediate_size"] = (moe_cfg.num_experts_per_tok * moe_cfg.moe_intermediate_size
+                               + moe_cfg.shared_expert_intermediate_size)
+    cfg = tf.Qwen3_5TextConfig(**kw)
+    cfg.architectures = ["Qwen3_5ForCausalLM"]
+    return cfg
+
+
 def fmt_table(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" ---: " if i else " --- " for i in range(len(headers))) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

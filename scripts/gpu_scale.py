@@ -6,7 +6,10 @@ rollout, on a randomly initialised checkpoint with the real Hugging Face configs
 * ``9b``: Qwen3_5TextConfig's defaults, the 9B shape (hidden 4096, 32 layers L,L,L,F, FFN 12288, 16 q / 4 kv
   heads x 256, Gated DeltaNet 16 k / 32 v heads x 128, vocab 248,320, untied);
 * ``35b_a3b``: Qwen3_5MoeTextConfig's defaults, the 35B-A3B shape (hidden 2048, 256 experts top-8, expert FFN
-  512, shared expert 512, vocab 248,320), with ``--layers`` of its 40 layers (what fits is stated in the run).
+  512, shared expert 512, vocab 248,320), with ``--layers`` of its 40 layers (what fits is stated in the run);
+* ``35b_a3b_dense`` (``megatron --dense-twin``): its dense twin with the same active parameters per token
+  (``benchmarks/common.dense_twin_config``), data parallel: the baseline of the MoE update's time per token
+  (the table's ``update us/token``).
 
 A random model almost never samples its EOS token (1 in 248k), so every response would run to the limit. To
 get a long-tailed length mix instead, the checkpoint's EOS row of the LM head is set to ``alpha * e_k`` (``k``
@@ -23,6 +26,7 @@ a bf16 matmul ceiling measured first in the same run, peak memory per GPU, and t
     python scripts/gpu_scale.py fsdp --gpus 4                       # 9B on FSDP2
     python scripts/gpu_scale.py megatron --gpus 4 --ep 4            # 35B-A3B on Megatron, EP=4
     python scripts/gpu_scale.py megatron --gpus 4 --tp 2 --ep 2     # TP=2 x EP=2
+    python scripts/gpu_scale.py megatron --gpus 4 --dense-twin      # its dense twin, data parallel
     python scripts/gpu_scale.py fsdp --tiny --device cpu --gpus 1   # the same path, tiny shapes, CPU (smoke)
     python scripts/gpu_scale.py check                               # compose + validate every command (CPU)
 
@@ -42,6 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))  # common.dense_twin_config: one definition of the MoE's dense twin
 
 SHAPES = {  # overrides of the Hugging Face config class's defaults (which are the real shapes)
     "9b": dict(kind="dense", layers=32, kw={}),
@@ -49,6 +54,9 @@ SHAPES = {  # overrides of the Hugging Face config class's defaults (which are t
     "tiny_dense": dict(kind="dense", layers=4, kw=dict(vocab_size=2048)),
     "tiny_moe": dict(kind="moe", layers=4, kw=dict(vocab_size=2048, num_experts=8, num_experts_per_tok=2,
                                                    moe_intermediate_size=32, shared_expert_intermediate_size=32)),
+    # the MoE shapes' dense twins (--dense-twin): the same active parameters per token
+    "35b_a3b_dense": dict(kind="dense", layers=40, twin_of="35b_a3b"),
+    "tiny_moe_dense": dict(kind="dense", layers=4, twin_of="tiny_moe"),
 }
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "save_checkpoint", "step"]
 
@@ -59,6 +67,10 @@ def _config(shape: str, layers: int | None):
     from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
 
     spec = SHAPES[shape]
+    if "twin_of" in spec:
+        from common import dense_twin_config
+
+        return dense_twin_config(_config(spec["twin_of"], layers))
     cls = tf.Qwen3_5TextConfig if spec["kind"] == "dense" else tf.Qwen3_5MoeTextConfig
     n = layers or spec["layers"]
     if shape.startswith("tiny"):
@@ -357,7 +369,7 @@ def report(steps: list[dict], info: dict, args, ceiling: float | None, walls: tu
           f"{args.gpus} x {args.device_name}: {args.prompts} prompts x n={args.n}, prompts ~{args.prompt_chars} "
           f"tokens, responses <= {args.max_response} (mean aimed at {args.mean_response:.0f}) ===")
     cols = [f"{k} s" for k in keys] + ["resp mean / max", "tok/s/GPU", "MFU datasheet", "MFU measured",
-                                       "peak GiB", "gen share"]
+                                       "update us/token", "peak GiB", "gen share"]
     print("| step | " + " | ".join(cols) + " |")
     print("|" + "---|" * (len(cols) + 1))
     promised = get_device_flops("T", args.device_name) if args.device == "cuda" else float("inf")
@@ -369,6 +381,9 @@ def report(steps: list[dict], info: dict, args, ceiling: float | None, walls: tu
                   f"{d.get('perf/throughput', 0):,.0f}",
                   f"{100 * mfu:.1f} %" if mfu is not None else "-",
                   f"{100 * mfu * promised / ceiling:.1f} %" if mfu is not None and ceiling else "-",
+                  # the update's seconds per prompt + response token (the MoE vs dense-twin comparison)
+                  f"{1e3 * d['timing_per_token_ms/update_actor']:.0f}" if "timing_per_token_ms/update_actor" in d
+                  else "-",
                   f"{d.get('perf/max_memory_allocated_gb', float('nan')):.1f}",
                   f"{100 * d.get('timing_s/gen', 0) / step_without_save(d):.0f} %"]
         print(f"| {r['step']} | " + " | ".join(cells) + " |")
@@ -458,7 +473,7 @@ def check(args) -> int:
     from verl.trainer.main_ppo import load_config
 
     work = Path(args.workdir) / "check"
-    for shape in ("tiny_dense", "tiny_moe"):
+    for shape in ("tiny_dense", "tiny_moe", "tiny_moe_dense"):
         model_dir = work / shape / "model"
         if not (model_dir / "scale_info.json").exists():
             build_checkpoint(model_dir, shape, None, "cpu", args.mean_response, args.max_response, args.eos_samples)
@@ -466,8 +481,10 @@ def check(args) -> int:
     from gpu_grpo_step import build_data
 
     build_data(data, n_rows=8, filler_chars=50)
-    for what, make, shape in (("fsdp", fsdp_overrides, "tiny_dense"), ("megatron", megatron_overrides, "tiny_moe")):
-        a = argparse.Namespace(**{**vars(args), "what": what, "gpus": 4, "tp": 2, "ep": 2, "device": "cuda"})
+    for what, make, shape, ep in (("fsdp", fsdp_overrides, "tiny_dense", 2), ("megatron", megatron_overrides,
+                                                                             "tiny_moe", 2),
+                                  ("megatron", megatron_overrides, "tiny_moe_dense", 1)):
+        a = argparse.Namespace(**{**vars(args), "what": what, "gpus": 4, "tp": 2, "ep": ep, "device": "cuda"})
         for resume in (False, True):
             load_config(make(a, work / shape / "model", data, work / "ckpt", 4, resume))
     print("[scale check] every command composes and validates", flush=True)
@@ -484,6 +501,9 @@ def main(argv=None) -> int:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--offload", action="store_true", help="optimizer offload to the CPU")
+    p.add_argument("--dense-twin", action="store_true",
+                   help="megatron: the MoE shape's dense twin (same active parameters per token; --ep 1), the "
+                        "baseline of the MoE update's time per token")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (train_batch_size)")
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--prompt-chars", type=int, default=1000, help="filler per prompt (~tokens)")
@@ -515,7 +535,10 @@ def main(argv=None) -> int:
         args.max_response, args.mean_response = 32, 12.0
     if args.what == "fsdp":
         return run_case(args, "tiny_dense" if args.tiny else "9b", fsdp_overrides)
-    return run_case(args, "tiny_moe" if args.tiny else "35b_a3b", megatron_overrides)
+    if args.dense_twin and args.ep != 1:
+        p.error("--dense-twin has no experts to place: --ep 1 (its data parallelism is --gpus / --tp)")
+    shape = "tiny_moe" if args.tiny else "35b_a3b"
+    return run_case(args, shape + ("_dense" if args.dense_twin else ""), megatron_overrides)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 #   fsdp      scripts/gpu_scale.py fsdp: Qwen3.5-9B shape on FSDP2 over all GPUs, 3 GRPO steps + save, then a
 #             resumed step 4 (built-in rollout, EOS-calibrated long-tailed responses <= 4k, prompts ~1k, n=8)
 #   megatron  scripts/gpu_scale.py megatron: the 35B-A3B shape with MOE_LAYERS of its 40 layers on Megatron,
-#             EP=all GPUs, then TP=2 x EP=GPUs/2 (where the host has 4)
+#             EP=all GPUs, then TP=2 x EP=GPUs/2 (where the host has 4), then its dense twin (same active
+#             parameters per token, data parallel): the update's microseconds per token side by side
 #
 # Needs the wheels of ../shared/tools/gpu_wheels.sh --ray installed (fla, megatron-core, Hydra, tensordict, Ray):
 #   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_scale.sh
@@ -18,7 +19,8 @@
 #   bash scripts/gpu_detached.sh start scale bash scripts/gpu_scale.sh
 #   then, one call each until it stops answering 124: bash scripts/gpu_detached.sh wait scale 560
 # Knobs: PARTS="versions mcore fsdp megatron", T_MCORE / T_FSDP / T_MEGATRON (seconds per part), GPUS (default: all),
-# MCORE_K (a pytest -k expression for the mcore part, e.g. moe), MOE_TP2=0 (the megatron part's EP layout alone),
+# MCORE_K (a pytest -k expression for the mcore part, e.g. moe), MOE_TP2=0 (the megatron part without TP 2 x EP),
+# MOE_TWIN=0 (without the dense twin),
 # MOE_LAYERS (default: 2 per GPU on 80 GB cards, 4 per GPU on larger ones: what fits beside the hf rollout's
 # full copy, see docs/advance/scale.md), OFFLOAD (optimizer offload; default 1 on 80 GB cards, where the 9B
 # update without it ran out of memory), SCALE_ARGS (more gpu_scale.py arguments; the defaults below are the
@@ -48,6 +50,10 @@ for p in $PARTS; do
         if [ "$GPUS" -ge 4 ] && [ "${MOE_TP2:-1}" = 1 ]; then
             run_part megatron_tp2 "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
                 --tp 2 --ep $(( GPUS / 2 )) --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-}
+        fi
+        if [ "${MOE_TWIN:-1}" = 1 ]; then  # the dense twin: the baseline of the update's time per token
+            run_part megatron_dense_twin "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
+                --dense-twin --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-}
         fi ;;
     *) echo "unknown part $p" ;;
     esac
