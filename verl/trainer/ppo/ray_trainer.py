@@ -327,6 +327,8 @@ class RayPPOTrainer:
                     metrics["timing_s/save_checkpoint"] = self._timing["save_checkpoint"]
                     if "timing_s/step" in metrics and "perf/total_num_tokens" in metrics:
                         metrics.update(fold_save_into_step(metrics, self._timing["save_checkpoint"], self.world_size))
+                        # the ESI rule's longest step counts saves too, as upstream's
+                        self.max_steps_duration = max(self.max_steps_duration, metrics["timing_s/step"])
                 test_freq = cfg.trainer.get("test_freq", -1)
                 if not preempted and self.val_reward_fn is not None and test_freq and test_freq > 0 and (
                         is_last or self.global_steps % test_freq == 0):
