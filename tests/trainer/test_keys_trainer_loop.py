@@ -338,3 +338,28 @@ def test_a_save_step_times_the_save_inside_the_step(run, monkeypatch):
     assert second["timing_s/step"] >= save_s + second["timing_s/gen"]
     assert second["perf/time_per_step"] == second["timing_s/step"]
     assert second["perf/throughput"] == pytest.approx(second["perf/total_num_tokens"] / second["timing_s/step"])
+
+
+def test_the_weight_sync_is_its_own_phase(run, monkeypatch):
+    """The workers sync weights at the start of generate_sequences (when they changed); the trainer reports that
+    as upstream's ``timing_s/update_weights`` (the slowest rank's) and keeps it out of ``timing_s/gen``."""
+    import time
+
+    plain = FakeActorRollout.generate_sequences
+
+    def generate(self, prompts):
+        time.sleep(0.3)  # stands for the sync the worker reports below
+        out = plain(self, prompts)
+        out.meta_info["metrics"] = [{"timing_s/update_weights": 0.3}, {"timing_s/update_weights": 0.1}]
+        return out
+
+    monkeypatch.setattr(FakeActorRollout, "generate_sequences", generate)
+    result, _, _ = run("trainer.val_before_train=false")
+    for step in result["history"]:
+        assert step["timing_s/update_weights"] == 0.3
+        assert step["timing_s/gen"] < 0.2  # the 0.3 s went to update_weights
+
+
+def test_no_sync_no_weight_sync_phase(run):
+    result, _, _ = run("trainer.val_before_train=false")
+    assert all("timing_s/update_weights" not in step for step in result["history"])

@@ -403,6 +403,8 @@ class ActorRolloutRefWorker(Worker):
         rank_metrics = dict(out.meta_info.pop("agent_loop_metrics", None) or {})
         out.meta_info.pop("metrics", None)  # per-sample agent-loop metrics; aggregated in agent_loop_metrics
         rank_metrics["timing_s/generate_sequences"] = time.time() - t0
+        # the weight sync ran at the start of this call: the trainer reports it as its own phase (upstream's)
+        rank_metrics["timing_s/update_weights"] = self.rollout_cycle.last_sync_s
         rank_metrics.update(getattr(self.rollout, "memory_metrics", None) or {})  # device memory around sleep
         rank_metrics.update(getattr(self.rollout, "engine_metrics", None) or {})  # the hf decode loop's split
         out.meta_info["metrics"] = [rank_metrics]

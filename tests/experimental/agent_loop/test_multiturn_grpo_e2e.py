@@ -150,7 +150,7 @@ def test_rollout_metrics_merge_across_data_parallel_ranks():
 
     def rank_output(calls):
         cfg = OmegaConf.create({"rollout": {"response_length": 3}})
-        no_cycle = SimpleNamespace(before_generate=lambda: None, after_generate=lambda: None)
+        no_cycle = SimpleNamespace(before_generate=lambda: None, after_generate=lambda: None, last_sync_s=0.0)
         worker = SimpleNamespace(agent_loop=FakeLoop(calls), config=cfg, rollout_cycle=no_cycle,
                                  rollout=SimpleNamespace(),  # an engine without memory metrics (the hf one)
                                  _trace_recorder=None, _rollout_group=None, _dp_layout=None)  # one rank's engine

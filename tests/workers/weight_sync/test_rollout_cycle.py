@@ -96,3 +96,15 @@ def test_a_release_that_frees_nothing_keeps_the_weights():
     rec.events.clear()
     cycle.before_generate()
     assert ("sync",) not in rec.events
+
+
+def test_the_sync_is_timed():
+    import time
+
+    rec = _Recorder()
+    cycle = RolloutCycle(rec, lambda: time.sleep(0.05))
+    cycle.before_generate()
+    assert cycle.last_sync_s >= 0.05
+    cycle.after_generate()
+    cycle.before_generate()  # nothing changed: no sync, nothing timed
+    assert cycle.last_sync_s == 0.0

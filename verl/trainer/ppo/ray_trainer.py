@@ -374,6 +374,7 @@ class RayPPOTrainer:
         batch, gen = self._generation_inputs(batch_dict)
         with marked_timer("gen", timing):
             gen_out = self._dp_call(self.rollout_wg.generate_sequences, gen)
+        _split_weight_sync(gen_out, timing)
         return self._score_generation(batch, gen_out, timing, metrics)
 
     def _generation_inputs(self, batch_dict: dict) -> tuple[DataProto, DataProto]:
@@ -533,6 +534,21 @@ class RayPPOTrainer:
             raise ValueError(f"the training batch ({len(batch)} responses) must divide by the data-parallel size "
                              f"{dp}; adjust data.train_batch_size or rollout.n")
         return method(padded)
+
+
+def _split_weight_sync(gen_out: DataProto, timing: dict) -> None:
+    """The weight sync the workers ran at the start of generating (only when the weights changed or the engine
+    discarded them) as upstream's own phase, ``timing_s/update_weights`` (the slowest rank's), out of
+    ``timing_s/gen``: upstream syncs after the update, outside the generation timer."""
+    ranks = gen_out.meta_info.get("metrics")
+    if isinstance(ranks, dict):  # DataProto.concat's dict of lists
+        values = ranks.get("timing_s/update_weights") or []
+    else:
+        values = [m.get("timing_s/update_weights") for m in ranks or () if m]
+    values = [float(v) for v in (values if isinstance(values, (list, tuple)) else [values]) if v is not None]
+    if values and max(values) > 0:
+        timing["update_weights"] = max(values)
+        timing["gen"] = max(0.0, timing["gen"] - timing["update_weights"])
 
 
 def _combine_agent_loop_metrics(rank_metrics) -> dict[str, float]:

@@ -20,6 +20,7 @@ The worker only calls :meth:`RolloutCycle.before_generate`, :meth:`RolloutCycle.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class RolloutCycle:
         self.sync = sync
         self.dedicated = dedicated
         self.release = release
+        self.last_sync_s = 0.0  # seconds of the sync in the last before_generate (0: none was needed)
         self.stale = True  # the engine starts from the checkpoint (or dummy weights): sync before first use
 
     def weights_changed(self) -> None:
@@ -49,8 +51,11 @@ class RolloutCycle:
         if self.dedicated:
             return
         self.rollout.wake_up(("weights",))
+        self.last_sync_s = 0.0
         if self.stale or getattr(self.rollout, "weights_lost_in_sleep", False):
+            t0 = time.perf_counter()
             self.sync()
+            self.last_sync_s = time.perf_counter() - t0
             self.stale = False
         self.rollout.wake_up(("kv_cache",))
 
