@@ -21,6 +21,11 @@ the shapes of scripts/gpu_grpo_step.py):
       per-request ``max_tokens`` (mix). One engine per distinct slot count (``max_num_seqs``: the largest
       batch for (1), ``--mix-slots`` for (2)), built after the other rows; its start-up is not timed.
 
+  (4) one decode step (``--cases step``): B slots holding ``--step-context`` tokens each in allocations of
+      ``--step-alloc`` (the scale run early in a rollout: ~1k prompt tokens in prompt + 4k allocations), the
+      step captured as a CUDA graph and replayed; milliseconds per step with the split-K decode attention and,
+      with ``--torch-attention``, with the torch matmuls over the whole allocation.
+
     python benchmarks/bench_rollout.py                   # CUDA (fla needed for the fused kernels)
     python benchmarks/bench_rollout.py --smoke           # tiny model, CPU
 """
@@ -196,6 +201,52 @@ def fixed_lengths(model, args, device, vocab) -> list[dict]:
             log(f"generate B={b}: {t:.2f}s, {rows[-1]['tok_s']:,.0f} new tok/s")
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    return rows
+
+
+def decode_step_rows(model, args, device) -> list[dict]:
+    """Case (4): one decode step's milliseconds at each batch, the slots ``--step-context`` tokens deep in
+    ``--step-alloc``-token allocations (zeros: the time does not depend on the values)."""
+    from verl.models.qwen3_5.hf_runner import Qwen35Runner
+    from verl.workers.rollout.hf_engine.cache import SlotCache
+
+    runner = Qwen35Runner(model)
+    variants = ["engine"] + (["engine, torch attention"] if args.torch_attention and device.type == "cuda" else [])
+    rows, table = [], []
+    for b in args.batches:
+        for impl in variants:
+            cache = SlotCache(runner.shape, b, args.step_alloc, 1, device, runner.dtype)
+            cache.lengths.fill_(args.step_context)
+            with torch.no_grad(), torch_attention(impl.endswith("torch attention")):
+                step = lambda: runner.decode_logits(cache, b)  # noqa: E731
+                if device.type == "cuda":  # as the engine: warm up on a side stream, capture, replay
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        for _ in range(3):
+                            step()
+                    torch.cuda.current_stream().wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        step()
+                    step = graph.replay
+                repeat = 50 if device.type == "cuda" else 3
+                step()
+                sync(device)
+                t0 = time.perf_counter()
+                for _ in range(repeat):
+                    step()
+                sync(device)
+            ms = 1e3 * (time.perf_counter() - t0) / repeat
+            gb = decode_bytes(model, b, args.step_context, 4) / 1e9
+            rows.append(dict(case="step", batch=b, impl=impl, decode_ms=ms, step_gb=gb, context=args.step_context,
+                             alloc=args.step_alloc))
+            table.append([b, impl, f"{ms:.2f}", f"{gb:.1f}", f"{gb / ms:.2f}"])
+            del cache
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(f"\n=== (4) one decode step, {args.step_context} tokens per slot in {args.step_alloc}-token allocations ===")
+    print(fmt_table(["batch", "impl", "ms/step", "GB/step (weights, state, visible KV)", "TB/s"], table), flush=True)
     return rows
 
 
@@ -419,6 +470,8 @@ def main(argv=None) -> int:
     p.add_argument("--torch-attention", action="store_true",
                    help="also an engine row with the torch decode attention over the whole allocation (the baseline "
                    "of the split-K kernel)")
+    p.add_argument("--step-context", type=int, default=1100, help="case step: tokens each slot holds")
+    p.add_argument("--step-alloc", type=int, default=5120, help="case step: tokens each slot's allocation holds")
     p.add_argument("--prefill-tokens", type=int, default=16384,
                    help="the engine's prompt tokens per packed prefill forward (rollout.max_num_batched_tokens)")
     p.add_argument("--json", default=None)
@@ -438,6 +491,7 @@ def main(argv=None) -> int:
         args.mix_prompts, args.mix_n, args.mix_slots, args.mix_median = 4, 2, 3, 6
         args.mix_prompt, args.mix_clip = (5, 20), (2, 16)
         args.mix_gen_steps = 4
+        args.step_context, args.step_alloc = 12, 40
     else:
         shape, dtype = SHAPES[args.shape], torch.bfloat16
     args.batches = [int(b) for b in str(args.batches).split(",")]
@@ -452,6 +506,8 @@ def main(argv=None) -> int:
         print_tables(rows, name, args)
         if args.profile:
             profile_decode(model, args, device, vocab)
+    if "step" in cases:
+        rows += decode_step_rows(model, args, device)
     if "mix" in cases:
         rows += length_mix(model, args, device, vocab)
     if args.vllm == "on" or (args.vllm == "auto" and device.type == "cuda" and _vllm_installed()):

@@ -14,7 +14,8 @@
 #            useful MFU at issue 20's size on one GPU, profiled
 #   rollout9b the decode loop at the 9B shape, B = 32 and 128 (issue 20's rollout: 32 sequences per GPU), with the HBM
 #            traffic per step against the time (the memory-bound floor), profiled at B = 128; prompts of 2,048 tokens
-#            (the scale run's contexts: ~1k prompts + responses up to 4k)
+#            (the scale run's contexts: ~1k prompts + responses up to 4k); then one captured decode step with
+#            1,100 tokens per slot in 5,120-token allocations, the split-K attention against the torch attention
 #   tests    the correctness pins: fused sampler, fused decode step vs torch, graphs vs eager, greedy parity
 #
 # Logs: $OUT/<part>.log (default ./gpu_perf_out); JSON: $OUT/actor.json, $OUT/moe.json; the Chrome traces in
@@ -45,7 +46,7 @@ for part in $PARTS; do
                --impls "${ACTOR9B_IMPLS:-packed_triton}" --shapes 9b ${L9B:+--layers "$L9B"} --profile "$PROF" \
                --json "$OUT/actor9b.json" ;;
     rollout9b) run_part rollout9b "${T_ROLLOUT9B:-300}" "$PY" benchmarks/bench_rollout.py $S \
-               --shape 9b --batches 32,128 --cases fixed --skip-generate --vllm off --torch-attention \
+               --shape 9b --batches 32,128 --cases fixed,step --skip-generate --vllm off --torch-attention \
                --profile "$PROF" \
                $([ -n "$S" ] || echo --prompt-len 2048 --new-tokens 512) ;;
     sampler) run_part sampler "${T_SAMPLER:-90}" "$PY" benchmarks/bench_sampler.py $S ;;

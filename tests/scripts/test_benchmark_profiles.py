@@ -90,6 +90,11 @@ def test_rollout_bench_profiles_the_decode_steps(tmp_path):
     assert "hf_engine::decode ranges" in out and "hf_engine::prefill ranges" in out
 
 
+def test_rollout_bench_times_one_decode_step():
+    out = _run(["benchmarks/bench_rollout.py", "--smoke", "--cases", "step", "--vllm", "off"])
+    assert "one decode step, 12 tokens per slot in 40-token allocations" in out and "| 4 | engine |" in out
+
+
 def test_weight_handoff_bench_runs():
     out = _run(["benchmarks/bench_weight_handoff.py", "--smoke", "--repeat", "1"])
     assert "| list |" in out and "| package |" in out
