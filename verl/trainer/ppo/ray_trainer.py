@@ -536,16 +536,22 @@ class RayPPOTrainer:
         return method(padded)
 
 
+def _rank_lists(rank_metrics) -> dict[str, list]:
+    """The workers' per-rank metrics (concat's dict of lists, or a list of per-rank dicts) as key -> values."""
+    if isinstance(rank_metrics, (list, tuple)):
+        merged: dict[str, list] = {}
+        for m in rank_metrics:
+            for k, v in (m or {}).items():
+                merged.setdefault(k, []).append(v)
+        return merged
+    return {k: list(v) if isinstance(v, (list, tuple)) else [v] for k, v in (rank_metrics or {}).items()}
+
+
 def _split_weight_sync(gen_out: DataProto, timing: dict) -> None:
     """The weight sync the workers ran at the start of generating (only when the weights changed or the engine
     discarded them) as upstream's own phase, ``timing_s/update_weights`` (the slowest rank's), out of
     ``timing_s/gen``: upstream syncs after the update, outside the generation timer."""
-    ranks = gen_out.meta_info.get("metrics")
-    if isinstance(ranks, dict):  # DataProto.concat's dict of lists
-        values = ranks.get("timing_s/update_weights") or []
-    else:
-        values = [m.get("timing_s/update_weights") for m in ranks or () if m]
-    values = [float(v) for v in (values if isinstance(values, (list, tuple)) else [values]) if v is not None]
+    values = [float(v) for v in _rank_lists(gen_out.meta_info.get("metrics")).get("timing_s/update_weights", [])]
     if values and max(values) > 0:
         timing["update_weights"] = max(values)
         timing["gen"] = max(0.0, timing["gen"] - timing["update_weights"])
@@ -556,17 +562,11 @@ def _combine_agent_loop_metrics(rank_metrics) -> dict[str, float]:
     (ranks hold equally many samples); the rollout's ``perf/*`` figures (device memory around its sleep) by
     max, the worst rank being what fits or not; speculative decoding's per-request means (``rollout/spec_*``)
     by mean. Accepts concat's dict of lists or a list of per-rank dicts."""
-    if isinstance(rank_metrics, (list, tuple)):
-        merged: dict[str, list] = {}
-        for m in rank_metrics:
-            for k, v in (m or {}).items():
-                merged.setdefault(k, []).append(v)
-        rank_metrics = merged
     out: dict[str, float] = {}
-    for k, v in (rank_metrics or {}).items():
+    for k, v in _rank_lists(rank_metrics).items():
         if not k.startswith(("agent_loop/", "perf/", "rollout/spec_")):
             continue
-        vals = [float(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+        vals = [float(x) for x in v]
         worst = k.endswith("/max") or k.startswith("perf/")
         out[k] = max(vals) if worst else min(vals) if k.endswith("/min") else sum(vals) / len(vals)
     return out
