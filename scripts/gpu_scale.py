@@ -281,7 +281,7 @@ def _common(args, model_dir: Path, data: Path, ckpt: Path, steps: int, resume: b
         "trainer.launcher=ray", f"trainer.device={args.device}", "trainer.nnodes=1",
         f"trainer.n_gpus_per_node={args.gpus}", f"trainer.total_training_steps={steps}",
         "trainer.logger=[console,file]", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        f"trainer.save_freq={args.steps - 1}", f"trainer.default_local_dir={ckpt}",
+        f"trainer.save_freq={-1 if args.no_save else args.steps - 1}", f"trainer.default_local_dir={ckpt}",
         f"trainer.resume_mode={'auto' if resume else 'disable'}",
         f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data}", f"data.val_files={data}",
         f"data.train_batch_size={args.prompts}", f"data.max_prompt_length={args.max_prompt}",
@@ -514,6 +514,8 @@ def main(argv=None) -> int:
                    "--mean-response (refine_eos_on_samples; 0: the random-id probe only)")
     p.add_argument("--steps", type=int, default=4, help="GRPO steps in all: the first launch trains all but the "
                    "last and saves, the resumed launch trains the last")
+    p.add_argument("--no-save", action="store_true",
+                   help="no checkpoint save after the first launch (a layout measured for its steps only)")
     p.add_argument("--update-tokens", type=float, default=2.0,
                    help="actor micro-batch tokens per GPU, in multiples of max prompt + max response")
     p.add_argument("--stage", default="all", choices=["all", "build", "train", "resume"],
@@ -530,6 +532,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.what == "check":
         return check(args)
+    if args.no_save and args.stage in ("all", "resume"):
+        p.error("--no-save leaves nothing to resume: --stage build or train")
     if args.tiny:
         args.prompts, args.n, args.prompt_chars, args.max_prompt = 4, 2, 40, 128
         args.max_response, args.mean_response = 32, 12.0

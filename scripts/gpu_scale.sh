@@ -8,8 +8,8 @@
 #   fsdp      scripts/gpu_scale.py fsdp: Qwen3.5-9B shape on FSDP2 over all GPUs, 3 GRPO steps + save, then a
 #             resumed step 4 (built-in rollout, EOS-calibrated long-tailed responses <= 4k, prompts ~1k, n=8)
 #   megatron  scripts/gpu_scale.py megatron: the 35B-A3B shape with MOE_LAYERS of its 40 layers on Megatron,
-#             EP=all GPUs, then TP=2 x EP=GPUs/2 (where the host has 4), then its dense twin (same active
-#             parameters per token, data parallel): the update's microseconds per token side by side
+#             EP=all GPUs, then its dense twin (same active parameters per token, data parallel), then TP=2 x
+#             EP=GPUs/2 (where the host has 4): the update's microseconds per token side by side
 #
 # Needs the wheels of ../shared/tools/gpu_wheels.sh --ray installed (fla, megatron-core, Hydra, tensordict, Ray):
 #   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_scale.sh
@@ -47,13 +47,16 @@ for p in $PARTS; do
     megatron)
         run_part "megatron_ep$GPUS" "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
             --ep "$GPUS" --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-}
-        if [ "$GPUS" -ge 4 ] && [ "${MOE_TP2:-1}" = 1 ]; then
-            run_part megatron_tp2 "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
-                --tp 2 --ep $(( GPUS / 2 )) --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-}
-        fi
+        # the other layouts are measured for their steps only (one launch, no save): the save and resume at
+        # this shape are EP's
+        only_steps=$([ "${STAGE:-}" = build ] || echo --stage train --no-save)
         if [ "${MOE_TWIN:-1}" = 1 ]; then  # the dense twin: the baseline of the update's time per token
             run_part megatron_dense_twin "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
-                --dense-twin --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-}
+                --dense-twin --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-} $only_steps
+        fi
+        if [ "$GPUS" -ge 4 ] && [ "${MOE_TP2:-1}" = 1 ]; then
+            run_part megatron_tp2 "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
+                --tp 2 --ep $(( GPUS / 2 )) --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-} $only_steps
         fi ;;
     *) echo "unknown part $p" ;;
     esac
