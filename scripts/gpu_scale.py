@@ -389,8 +389,10 @@ def report(steps: list[dict], info: dict, args, ceiling: float | None, walls: tu
         print(f"| {r['step']} | " + " | ".join(cells) + " |")
     engine_table(steps)
     print(f"\nbf16 matmul ceiling measured: {f'{ceiling:.0f} TFLOP/s' if ceiling else 'n/a'}; datasheet "
-          f"{promised:.0f} TFLOP/s. Run 1 (steps 1-3 + save) {walls[0]:.0f} s wall; resumed run (load + step 4) "
-          f"{walls[1]:.0f} s wall. EOS row alpha {info['eos_alpha']:.3g} on dim {info['eos_dim']}.", flush=True)
+          f"{promised:.0f} TFLOP/s. First launch (steps 1-{args.steps - 1}{'' if args.no_save else ' + save'}) "
+          f"{walls[0]:.0f} s wall" + ("" if args.no_save else f"; resumed launch (load + step {args.steps}) "
+                                      f"{walls[1]:.0f} s wall") +
+          f". EOS row alpha {info['eos_alpha']:.3g} on dim {info['eos_dim']}.", flush=True)
 
 
 def step_without_save(d: dict) -> float:

@@ -1,6 +1,6 @@
 """Grouped-GEMM MoE experts (verl/models/mcore/grouped_experts.py) against megatron-core's SequentialMLP with the
-same parameters: outputs and every gradient equal, uneven and empty experts included; unsupported settings fall
-back to the loop. Needs megatron-core (skipped where it does not import: the CPU CI; runs on the GPU machine and
+same parameters: outputs and every gradient equal, uneven and empty experts included, with expert tensor
+parallelism 1 and 2 (two CPU ranks); unsupported settings fall back to the loop. Needs megatron-core (skipped where it does not import: the CPU CI; runs on the GPU machine and
 on a CPU with megatron-core's source on PYTHONPATH, where torch._grouped_mm runs in fp32)."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import torch.nn.functional as F
 pytest.importorskip("megatron.core", reason="needs megatron-core (the mcore extra)")
 
 
-@pytest.fixture(scope="module")
-def experts_pair():
-    import mcore_parity as mp
+def _pair(hidden: int = 32):
+    """SequentialMLP and GroupedGemmExperts with the same parameters, in the initialised parallel state."""
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer import TransformerConfig
@@ -23,9 +22,8 @@ def experts_pair():
 
     from verl.models.mcore.grouped_experts import GroupedGemmExperts
 
-    mp.init_single_process("cpu")
     torch.manual_seed(0)
-    cfg = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
+    cfg = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=4, ffn_hidden_size=64,
                             moe_ffn_hidden_size=16, num_moe_experts=4, gated_linear_unit=True, activation_func=F.silu,
                             add_bias_linear=False, bias_activation_fusion=False, params_dtype=torch.float32,
                             use_cpu_initialization=True)
@@ -36,6 +34,14 @@ def experts_pair():
     grp.load_state_dict(seq.state_dict())
     assert set(grp.state_dict()) == set(seq.state_dict())  # the same parameters: checkpoints see no difference
     return seq, grp
+
+
+@pytest.fixture(scope="module")
+def experts_pair():
+    import mcore_parity as mp
+
+    mp.init_single_process("cpu")
+    return _pair()
 
 
 def _run(module, x, tpe, probs):
@@ -61,6 +67,63 @@ def test_grouped_experts_equal_the_sequential_loop(experts_pair, tokens_per_expe
     assert set(gp_got) == set(gp_want)
     for name in gp_want:
         torch.testing.assert_close(gp_got[name], gp_want[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+def _etp_rank(rank: int, port: int, out: str) -> None:
+    """One of two CPU ranks with expert tensor parallelism 2: each holds half of every expert's FFN columns."""
+    import os
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, expert_tensor_parallel_size=2)
+    seq, grp = _pair()
+    assert grp.tp_group.size() == 2 and grp._unsupported(torch.zeros(1, 32)) is None
+    assert grp.local_experts[0].linear_fc1.weight.shape[0] == 16  # 2 x 16 FFN columns / 2 ranks
+    g = torch.Generator().manual_seed(1)  # the same tokens on both ranks: what the dispatcher's gather leaves
+    x, probs = torch.randn(10, 32, generator=g), torch.rand(10, generator=g)
+    tpe = torch.tensor([3, 0, 5, 2])
+    want, got = _run(seq, x, tpe, probs), _run(grp, x, tpe, probs)
+    weights = [(e.linear_fc1.weight.detach(), e.linear_fc2.weight.detach()) for e in grp.local_experts]
+    torch.save(dict(want=want, got=got, weights=weights, x=x, probs=probs, tpe=tpe), f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_grouped_experts_equal_the_sequential_loop_with_expert_tensor_parallelism(tmp_path):
+    import torch.multiprocessing as tmp
+
+    ctx = tmp.get_context("spawn")
+    port = 29700 + __import__("os").getpid() % 200
+    procs = [ctx.Process(target=_etp_rank, args=(r, port, str(tmp_path / "r"))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    for rank in range(2):
+        r = torch.load(tmp_path / f"r.{rank}")
+        (want, gx_want, gp_want), (got, gx_got, gp_got) = r["want"], r["got"]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(gx_got, gx_want, atol=1e-5, rtol=1e-5)
+        for name in gp_want:
+            torch.testing.assert_close(gp_got[name], gp_want[name], atol=1e-5, rtol=1e-5, msg=name)
+    # each rank's output is its partial sum over its FFN shard (the dispatcher reduce-scatters them): the two add
+    # up to the unsharded SwiGLU experts' output (gate and up halves of each rank's fc1 shard side by side)
+    r0, r1 = torch.load(tmp_path / "r.0"), torch.load(tmp_path / "r.1")
+    x, probs = r0["x"], r0["probs"]
+    rows = torch.repeat_interleave(torch.arange(4), r0["tpe"])
+    full = torch.zeros_like(r0["got"][0])
+    for i in range(len(x)):
+        (a0, b0), (a1, b1) = r0["weights"][rows[i]], r1["weights"][rows[i]]
+        gate = torch.cat([a0.chunk(2)[0], a1.chunk(2)[0]])
+        up = torch.cat([a0.chunk(2)[1], a1.chunk(2)[1]])
+        h = torch.nn.functional.silu(gate @ x[i]) * (up @ x[i]) * probs[i]
+        full[i] = torch.cat([b0, b1], dim=1) @ h
+    assert not torch.allclose(r0["got"][0], r1["got"][0])
+    torch.testing.assert_close(r0["got"][0] + r1["got"][0], full, atol=1e-5, rtol=1e-5)
 
 
 def test_unsupported_settings_fall_back_to_the_loop(experts_pair, monkeypatch):

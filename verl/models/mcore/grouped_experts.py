@@ -10,9 +10,12 @@ Engine or the ``grouped_gemm`` extension, neither installable on the machines th
 checkpoints, the weight converter, the distributed optimizer and expert-parallel sharding see no difference) and
 replaces the loop by ``torch._grouped_mm`` over the experts' weights stacked per forward (a copy of the local
 expert weights per layer, kept for backward: e.g. ~384 MB per layer for 64 local experts of Qwen3.5-35B-A3B in
-bf16). Gradients reach each expert's own parameters through the stack. It serves the common case -- gated SiLU
-(SwiGLU) experts without biases, expert tensor parallelism 1 -- and defers to ``SequentialMLP`` otherwise, with
-one warning where a CUDA run loses the fast path. On CUDA torch fuses the grouped GEMM for bf16; other dtypes
+bf16). Gradients reach each expert's own parameters through the stack. It serves gated SiLU (SwiGLU) experts
+without biases and defers to ``SequentialMLP`` otherwise, with one warning where a CUDA run loses the fast path.
+Expert tensor parallelism needs nothing more: megatron-core's expert linears skip their own communication
+(``explicit_expert_comm``: the token dispatcher gathers the tokens over the expert-TP group before the experts and
+reduce-scatters the partial sums after them), so each rank's experts compute on their local shards alone, which
+is what the grouped GEMMs do (the fc1 shard's gate and up halves split in the middle, as ``MLP`` splits them). On CUDA torch fuses the grouped GEMM for bf16; other dtypes
 (the fp32 parity tests) run torch's own per-group loop, no slower than SequentialMLP's.
 """
 
@@ -55,8 +58,6 @@ class GroupedGemmExperts(SequentialMLP):
             return "expert biases"
         if getattr(c, "activation_func_clamp_value", None) is not None or getattr(c, "glu_linear_offset", 0):
             return "clamped / offset GLU"
-        if self.tp_group is not None and self.tp_group.size() > 1:
-            return "expert tensor parallelism > 1"
         if x.shape[-1] % 8 or self.config.moe_ffn_hidden_size % 8:
             return "hidden sizes not multiples of 8 (grouped GEMM alignment)"
         return None
