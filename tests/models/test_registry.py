@@ -125,3 +125,51 @@ def test_spec_carries_patches_lora_weight_sync_flops_and_mcore_names():
     fa2 = LlamaConfig()
     fa2._attn_implementation = "flash_attention_2"
     assert generic.packs_with(fa2) and dense.packs_with(LlamaConfig())
+
+
+@pytest.mark.parametrize("kind,tied", [("dense", False), ("dense", True), ("moe", False), ("vl", False)])
+def test_a_model_built_without_weights_takes_every_weight_it_is_given(tmp_path, kind, tied):
+    """The Megatron engine's hf rollout copy is built from the config alone and filled by the weight sync: the same
+    class, parameter names, shapes, dtypes, buffers, attention and experts implementation, generation config and
+    weight tying as a loaded model, and once every parameter is written, the same logits -- all without the
+    checkpoint's weight files."""
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+    from verl.models.registry import build_hf_model_without_weights, load_hf_model
+
+    build_tiny_qwen3_5(tmp_path, kind=kind, with_tokenizer=False, tie_word_embeddings=tied)
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [7, 3], "temperature": 0.6}')
+    loaded = load_hf_model(str(tmp_path), dtype=torch.float32, for_vl=False).eval()
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()  # nothing to read: a build that tried would fail
+    built = build_hf_model_without_weights(str(tmp_path), "cpu", dtype=torch.float32, for_vl=False).eval()
+
+    assert type(built) is type(loaded)
+    want = {n: (p.shape, p.dtype) for n, p in loaded.named_parameters()}
+    assert {n: (p.shape, p.dtype) for n, p in built.named_parameters()} == want
+    assert [n for n, _ in built.named_buffers()] == [n for n, _ in loaded.named_buffers()]
+    for (name, b), (_, a) in zip(built.named_buffers(), loaded.named_buffers()):
+        torch.testing.assert_close(b, a, msg=name)
+    assert built.config._attn_implementation == loaded.config._attn_implementation
+    assert getattr(built.config, "_experts_implementation", None) == getattr(loaded.config, "_experts_implementation",
+                                                                            None)
+    assert built.generation_config.eos_token_id == [7, 3] == loaded.generation_config.eos_token_id
+    def ties(m):
+        return m.lm_head.weight.data_ptr() == m.get_input_embeddings().weight.data_ptr()
+
+    assert ties(built) == ties(loaded) == tied
+    ids = torch.tensor([[5, 9, 11, 3, 2]])
+    with torch.no_grad():
+        assert not torch.allclose(built(ids).logits, loaded(ids).logits)  # random until written
+        for (name, p), (_, q) in zip(built.named_parameters(), loaded.named_parameters()):
+            p.copy_(q)  # the engine's sync writes every parameter; a copy by name stands in for it here
+        torch.testing.assert_close(built(ids).logits, loaded(ids).logits, rtol=0, atol=0)
+
+
+def test_a_model_built_without_weights_lands_on_the_device_asked_for(tmp_path):
+    from verl.models.qwen3_5.tiny import build_tiny_qwen3_5
+    from verl.models.registry import build_hf_model_without_weights
+
+    build_tiny_qwen3_5(tmp_path, kind="dense", with_tokenizer=False)
+    built = build_hf_model_without_weights(str(tmp_path), "meta", dtype=torch.bfloat16)
+    assert {p.device.type for p in built.parameters()} == {"meta"}
+    assert {p.dtype for p in built.parameters()} == {torch.bfloat16}

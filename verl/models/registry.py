@@ -83,6 +83,38 @@ def load_hf_model(
     next to ``config=``, where transformers hands them to the model's ``__init__``. Raises ValueError for
     checkpoints that are not causal LMs.
     """
+    cls, config = _class_and_config(path, trust_remote_code, for_vl, declared_model_type, config_overrides)
+    kwargs = dict(from_pretrained_kwargs)
+    kwargs.setdefault("dtype", dtype)
+    if cls.__name__.startswith("Auto"):
+        kwargs["trust_remote_code"] = trust_remote_code
+    return cls.from_pretrained(path, config=config, **kwargs)
+
+
+def build_hf_model_without_weights(path: str, device, dtype: torch.dtype = torch.bfloat16,
+                                   trust_remote_code: bool = False, for_vl: Optional[bool] = None):
+    """The model :func:`load_hf_model` would load, built on ``device`` from the checkpoint's config (and its
+    generation config) without reading its weights: for a copy whose every parameter the caller then writes,
+    such as the Megatron engine's copy for the hf rollout, which its weight sync fills. Until then the
+    parameters hold the architecture's random initialisation. Reading the weights first would cost each rank a
+    pass over the whole checkpoint through host memory (67 GB for Qwen3.5-35B-A3B, on every GPU at once)."""
+    from transformers import GenerationConfig
+
+    cls, config = _class_and_config(path, trust_remote_code, for_vl, None, None)
+    with torch.device(device):
+        if cls.__name__.startswith("Auto"):
+            model = cls.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+        else:
+            model = cls._from_config(config, dtype=dtype)
+    try:  # as from_pretrained does: the checkpoint's EOS ids and sampling defaults
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    except OSError:
+        pass
+    return model
+
+
+def _class_and_config(path: str, trust_remote_code: bool, for_vl: Optional[bool], declared_model_type,
+                      config_overrides):
     from transformers import AutoConfig
 
     from verl.models.transformers.npu_patch import apply_npu_patches_for_model
@@ -94,11 +126,7 @@ def load_hf_model(
     if spec.is_vl and for_vl is False and spec.hf_class is not None:
         config = get_text_config(config)
     apply_config_overrides(config, config_overrides)
-    kwargs = dict(from_pretrained_kwargs)
-    kwargs.setdefault("dtype", dtype)
-    if cls.__name__.startswith("Auto"):
-        kwargs["trust_remote_code"] = trust_remote_code
-    return cls.from_pretrained(path, config=config, **kwargs)
+    return cls, config
 
 
 def apply_config_overrides(config, overrides) -> None:

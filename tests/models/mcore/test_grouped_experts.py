@@ -1,7 +1,8 @@
 """Grouped-GEMM MoE experts (verl/models/mcore/grouped_experts.py) against megatron-core's SequentialMLP with the
 same parameters: outputs and every gradient equal, uneven and empty experts included, with expert tensor
-parallelism 1 and 2 (two CPU ranks); unsupported settings fall back to the loop. Needs megatron-core (skipped where it does not import: the CPU CI; runs on the GPU machine and
-on a CPU with megatron-core's source on PYTHONPATH, where torch._grouped_mm runs in fp32)."""
+parallelism 1 and 2 (two CPU ranks); unsupported settings fall back to the loop. Needs megatron-core (skipped
+where it does not import: the CPU CI; runs on the GPU machine and on a CPU with megatron-core's source on
+PYTHONPATH, where torch._grouped_mm runs in fp32)."""
 
 from __future__ import annotations
 

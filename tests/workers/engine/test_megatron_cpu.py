@@ -443,3 +443,20 @@ def test_checkpoint_rank_order_is_recorded_and_checked(tmp_path):
     (old / "rank_order.json").write_text(json.dumps({"order": "pp-dp-tp"}))
     with pytest.raises(ValueError, match="pipeline_model_parallel_size=1"):
         check_rank_order(str(old), pp=1, dp=1)
+
+
+def test_the_build_timer_prints_each_phase_once_on_rank_0(capsys, monkeypatch):
+    from verl.workers.engine.megatron import build
+
+    clock = iter([1.5, 4.0, 4.5])
+    timer = build.BuildTimer("actor built")
+    timer._clock, timer._t = lambda: next(clock), 0.0  # started at 0
+    for phase in ("model", "weights", "optimizer"):
+        timer.lap(phase)
+    assert [p for p, _ in timer.phases] == ["model", "weights", "optimizer"]
+    timer.report()  # no process group: a lone process prints
+    assert capsys.readouterr().out == "[verl.megatron] actor built in 4.5 s (model 1.5, weights 2.5, optimizer 0.5)\n"
+    monkeypatch.setattr(build.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(build.dist, "get_rank", lambda: 1)
+    timer.report()
+    assert capsys.readouterr().out == ""

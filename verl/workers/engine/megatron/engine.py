@@ -120,7 +120,9 @@ class MegatronEngine(BaseEngine):
         if self.share_module_with is not None:
             self._share(self.share_module_with)
             return
+        timer = build.BuildTimer(f"{self._prefix} built")
         build.init_parallel_state(s)
+        timer.lap("parallel state")
         import_external_lib(self.model_config)  # custom models register themselves before the config is read
         path = self.model_path  # a local directory, hub ids fetched into the HF cache
         trust = bool(cfg_get(self.model_config, "trust_remote_code", False))
@@ -158,6 +160,7 @@ class MegatronEngine(BaseEngine):
         is_value = self.role_spec.value_head
         chunks = build.build_model_chunks(self.tfconfig, self.hf_config, registry.init_mcore_model, s, tie,
                                           value=is_value)
+        timer.lap("model")
         if s.cp > 1 and not all(getattr(m, "supports_context_parallel", False) for m in chunks):
             raise ValueError(f"{self._prefix}.context_parallel_size={s.cp}: the Megatron model built for "
                              f"{type(chunks[0]).__name__} has no context-parallel attention (built for the Qwen3.5 "
@@ -169,6 +172,7 @@ class MegatronEngine(BaseEngine):
             from .weights import apply_engine_lora
 
             masters = apply_engine_lora(self, chunks)
+        timer.lap("weights")
         if self.forward_only:
             for m in chunks:
                 m.requires_grad_(False)
@@ -194,7 +198,10 @@ class MegatronEngine(BaseEngine):
                                  f"{path} has no experts")
             self._replay = MegatronRouterReplay(self.router_replay_mode, self.model, self.tfconfig.moe_router_topk,
                                                 s.sequence_parallel)
+        timer.lap("optimizer" if self.optimizer is not None else "setup")
         self._offload_idle()
+        timer.lap("offload")
+        timer.report()
 
     def _share(self, other: "MegatronEngine") -> None:
         """Forward-only view of ``other``'s chunks with the adapters off (the LoRA actor's reference policy)."""
@@ -556,8 +563,12 @@ class MegatronEngine(BaseEngine):
         from .weights import build_hf_module, sync_hf_module
 
         if self._hf_rollout is None:
+            timer = build.BuildTimer(f"{self._prefix}: the hf rollout's copy built")
             self._hf_rollout = build_hf_module(self)
-            sync_hf_module(self, self._hf_rollout)  # the engine may start from a dist checkpoint
+            timer.lap("module")
+            sync_hf_module(self, self._hf_rollout)  # fills every parameter (it may start from a dist checkpoint)
+            timer.lap("sync")
+            timer.report()
         return self._hf_rollout
 
     def sync_hf_rollout_module(self) -> None:

@@ -258,15 +258,18 @@ def iter_hf_weights(engine: "MegatronEngine", bucket_megabytes: float = 512,
 def build_hf_module(engine: "MegatronEngine") -> torch.nn.Module:
     """A Hugging Face copy of the policy on this GPU, for the ``hf`` rollout (which generates with an HF
     module), patched like the FSDP path's model; :func:`sync_hf_module` refreshes it from the Megatron shards
-    after every update. It costs one more copy of the weights per GPU (the hf rollout is for small models)."""
-    from verl.models.registry import load_hf_model
+    after every update. It costs one more copy of the weights per GPU. Built on the GPU without reading the
+    checkpoint: the sync that follows writes every parameter (and proves it), so a load from disk would only
+    pass the whole checkpoint through host memory on every rank at once."""
+    from verl.models.registry import build_hf_model_without_weights
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
     dtype = torch.bfloat16 if engine.settings.dtype == "bfloat16" else torch.float32
-    module = load_hf_model(engine.model_path, dtype=dtype, for_vl=False,
-                           trust_remote_code=bool(engine.model_config.get("trust_remote_code", False)))
+    module = build_hf_model_without_weights(
+        engine.model_path, torch.device("cuda", torch.cuda.current_device()), dtype=dtype, for_vl=False,
+        trust_remote_code=bool(engine.model_config.get("trust_remote_code", False)))
     apply_monkey_patch(module)
-    return module.to(torch.device("cuda", torch.cuda.current_device())).eval()
+    return module.eval()
 
 
 def release_hf_module(module: torch.nn.Module) -> bool:
