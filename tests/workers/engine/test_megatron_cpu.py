@@ -360,6 +360,26 @@ def test_ddp_buffers_of_an_unwrapped_reference_model_are_none():
     assert ddp_buffers(wrapped) == ["dense", "experts"]
 
 
+def test_loose_parameters_offload_into_one_host_copy_each_reused_by_later_offloads():
+    """The bookkeeping of the reference model's offload (here host to host: on a GPU the copies are pinned and
+    asynchronous, test_megatron_qwen35_gpu.py): each parameter's contents land in a host copy kept on the
+    parameter, which the next offload refills instead of allocating another."""
+    from verl.utils.megatron_utils import _offload_loose
+
+    layer = torch.nn.Linear(3, 2)
+    before = {n: p.detach().clone() for n, p in layer.named_parameters()}
+    _offload_loose(list(layer.parameters()))
+    hosts = {n: p._verl_cpu for n, p in layer.named_parameters()}
+    for n, p in layer.named_parameters():
+        assert p.data.data_ptr() == hosts[n].data_ptr() and torch.equal(p.detach(), before[n])
+    with torch.no_grad():
+        layer.weight.data = layer.weight.data.clone().add_(1.0)  # "reloaded" and changed (a checkpoint load)
+    _offload_loose(list(layer.parameters()))
+    assert layer.weight._verl_cpu is hosts["weight"]  # refilled in place
+    assert torch.equal(layer.weight.detach(), before["weight"] + 1.0)
+    assert torch.equal(hosts["weight"], before["weight"] + 1.0)
+
+
 @pytest.mark.parametrize("optimizer_offload", [True, False])
 def test_offloaded_optimizer_state_is_on_the_gpu_only_around_the_step(monkeypatch, optimizer_offload):
     """With optimizer_offload the Adam state comes in for ``optimizer.step()`` alone: resident through the

@@ -109,6 +109,31 @@ def test_offload_reload_train_step_equals_no_offload(checkpoints):
     assert torch.equal(util.flat_params(plain), util.flat_params(off))
 
 
+def test_reference_with_param_offload_reuses_pinned_copies_and_gives_the_same_log_probs(checkpoints):
+    """A forward-only engine (the reference role) with param_offload: none of its parameters live in a DDP
+    buffer, so they move one by one, through pinned CPU copies allocated once. Its log-probs equal a resident
+    engine's over two offload cycles, and an offload hands the parameters' device memory back."""
+    path = checkpoints["moe"]
+    resident = make_engine(path, dtype="bfloat16", role="ref")
+    off = make_engine(path, dtype="bfloat16", role="ref", param_offload=True)
+    assert off.forward_only
+    params = [p for m in off.model for p in m.parameters()]
+    assert all(p.device.type == "cpu" and p.is_pinned() for p in params)
+    first = {id(p): p._verl_cpu.data_ptr() for p in params}
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    data = qwen_batch(path)
+    want = resident.infer_batch(data, outputs=("log_probs",))["log_probs"]
+    for _ in range(2):
+        off.to("device")
+        torch.cuda.synchronize()
+        on_device = torch.cuda.memory_allocated()
+        off.to("cpu")
+        assert on_device - torch.cuda.memory_allocated() >= nbytes
+        got = off.infer_batch(data, outputs=("log_probs",))["log_probs"]  # reloads and offloads again
+        assert torch.equal(got, want)
+    assert {id(p): p._verl_cpu.data_ptr() for p in params} == first  # the same pinned buffers every time
+
+
 def test_checkpoint_resume_is_exact_and_hf_copy_follows(checkpoints, tmp_path):
     path = checkpoints["dense"]
     a = make_engine(path, dtype="bfloat16")
