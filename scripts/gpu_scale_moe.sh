@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The 35B-A3B measurement launch on one 4-GPU host (issue 20), everything in one detached session:
+#   1. side by side: the MoE checkpoint build (GPU 3), its dense twin's (GPU 1), the Megatron engine's GPU tests
+#      that cover what changed since their last run (GPU 0) and the hf engine's GPU tests not run since the
+#      decode attention kernel (GPU 2);
+#   2. gpu_scale.sh's megatron part: EP 4, the dense twin, TP 2 x EP 2, steps 1-2 each without a save, at
+#      PROMPTS prompts x n=8 (default 64: 128 of the rollout's slots per GPU; the 16-prompt run left the
+#      rollout's fixed tail at 55 % of the step).
+# Layers: 16 on cards over 100 GB, else 8 (with optimizer offload, gpu_scale.sh's default there).
+#   export PYTHONPATH=/tmp/site:$PWD
+#   bash scripts/gpu_detached.sh start moe bash scripts/gpu_scale_moe.sh
+#   bash scripts/gpu_detached.sh wait moe 560     # one call each, back to back, until it stops answering 124
+# Logs: $OUT (default /tmp/moe_out), checkpoints and metrics: /tmp/verl_scale.
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-/tmp/moe_out}"
+PY="${PYTHON:-python3}"
+PROMPTS="${PROMPTS:-64}"
+mkdir -p "$OUT"
+MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
+L=$(( MIB < 100000 ? 8 : 16 ))
+echo "layers $L (card $MIB MiB), prompts $PROMPTS, commit $(git rev-parse --short HEAD 2>/dev/null)"
+nvidia-smi -L
+build() {  # GPU, extra gpu_scale.py arguments
+    local gpu=$1; shift
+    CUDA_VISIBLE_DEVICES=$gpu "$PY" scripts/gpu_scale.py megatron --gpus 4 --layers "$L" --prompts "$PROMPTS" \
+        --stage build "$@"
+}
+(build 3 --ep 4 > "$OUT/build_moe.log" 2>&1; echo "build moe: exit $?") &
+(build 1 --dense-twin > "$OUT/build_twin.log" 2>&1; echo "build twin: exit $?") &
+(CUDA_VISIBLE_DEVICES=0 timeout 280 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
+    tests/workers/engine/test_megatron_qwen35_gpu.py -k "released or param_offload or resume" \
+    > "$OUT/megatron_tests.log" 2>&1; echo "megatron engine tests: exit $?"; tail -3 "$OUT/megatron_tests.log") &
+(CUDA_VISIBLE_DEVICES=2 timeout 280 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
+    tests/workers/rollout/test_hf_engine_gpu.py -k "greedy or varlen or session or cuda_graph" \
+    > "$OUT/hf_engine_tests.log" 2>&1; echo "hf engine tests: exit $?"; tail -3 "$OUT/hf_engine_tests.log") &
+wait
+echo "=== side-by-side part done at $(date -u +%T)"
+# --gpu-mem 0.9: with the optimizer on the GPU and the hf copy, 0.85 leaves room for barely 128 slots at 16 layers
+OUT="$OUT" MOE_LAYERS=$L PARTS=megatron STAGE=train \
+    SCALE_ARGS="--prompts $PROMPTS --steps 3 --update-tokens 2.0 --no-save --gpu-mem 0.9" bash scripts/gpu_scale.sh
