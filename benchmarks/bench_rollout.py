@@ -55,7 +55,9 @@ SHAPE_0P8B = dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=3584
 SHAPE_2B = dict(SHAPE_0P8B, hidden_size=2048, intermediate_size=6144)  # Qwen3.5-2B's layer shape
 SHAPE_9B = dict(SHAPE_0P8B, hidden_size=4096, num_hidden_layers=32, intermediate_size=12288, num_attention_heads=16,
                 num_key_value_heads=4, linear_num_value_heads=32, tie_word_embeddings=False)  # Qwen3.5-9B's
-SHAPES = {"0p8b": SHAPE_0P8B, "2b": SHAPE_2B, "9b": SHAPE_9B}
+SHAPES = {"0p8b": SHAPE_0P8B, "2b": SHAPE_2B, "9b": SHAPE_9B,
+          # Qwen3.5-35B-A3B's layers (256 experts top-8), from the scale script's one definition (--layers of 40)
+          "35b-a3b": "35b_a3b"}
 SHAPE_SMOKE = dict(num_hidden_layers=4, vocab_size=2048)
 
 
@@ -68,16 +70,23 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def build_model(shape, device, dtype):
+def build_model(shape, device, dtype, layers=None):
+    """A random model of ``shape``: a dense shape's config kwargs, or the name of a gpu_scale.py shape (MoE)."""
     import transformers as tf
 
     from verl.models.qwen3_5.tiny import tiny_text_config_kwargs
 
-    cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**shape))
-    cfg.architectures = ["Qwen3_5ForCausalLM"]
+    if isinstance(shape, str):
+        from gpu_scale import _config
+
+        cfg = _config(shape, layers)
+        cls = tf.Qwen3_5MoeForCausalLM if getattr(cfg, "num_experts", 0) else tf.Qwen3_5ForCausalLM
+    else:
+        cfg = tf.Qwen3_5TextConfig(**tiny_text_config_kwargs(**shape))
+        cfg.architectures, cls = ["Qwen3_5ForCausalLM"], tf.Qwen3_5ForCausalLM
     torch.manual_seed(0)
     with torch.device(device):
-        model = tf.Qwen3_5ForCausalLM(cfg)
+        model = cls(cfg)
     return model.to(dtype).eval()
 
 
@@ -137,6 +146,11 @@ def decode_bytes(model, batch: int, context: float, state_bytes: int) -> float:
     cfg = model.config
     emb = model.get_input_embeddings().weight
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    experts = getattr(cfg, "num_experts", 0)
+    if experts:  # routed experts: only those the batch's tokens pick are read (expected count, uniform routing)
+        routed = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".mlp.experts." in n)
+        touched = 1.0 - (1.0 - cfg.num_experts_per_tok / experts) ** batch
+        weights -= routed * (1.0 - touched)
     if model.get_output_embeddings().weight is not emb:  # untied: the table itself is read for the batch's rows only
         weights += (batch * emb.shape[1] - emb.numel()) * emb.element_size()
     types = list(cfg.layer_types)
@@ -457,7 +471,9 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--skip-generate", action="store_true")
-    p.add_argument("--shape", default="0p8b", choices=sorted(SHAPES), help="model shape (not with --smoke)")
+    p.add_argument("--shape", default="0p8b", choices=sorted(SHAPES),
+                   help="model shape (with --smoke: 35b-a3b takes the tiny MoE, the others the tiny dense model)")
+    p.add_argument("--layers", type=int, default=None, help="layers of a MoE shape (default: the real model's)")
     p.add_argument("--cases", default="fixed,mix")
     p.add_argument("--mix-prompts", type=int, default=128)
     p.add_argument("--mix-n", type=int, default=4)
@@ -485,7 +501,7 @@ def main(argv=None) -> int:
     args.mix_prompt, args.mix_clip = (100, 500), (16, 512)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.smoke:
-        shape, dtype = SHAPE_SMOKE, torch.float32
+        shape, dtype = ("tiny_moe" if args.shape == "35b-a3b" else SHAPE_SMOKE), torch.float32
         args.shape = "tiny"
         args.batches, args.prompt_len, args.new_tokens = "2,4", 16, 8
         args.mix_prompts, args.mix_n, args.mix_slots, args.mix_median = 4, 2, 3, 6
@@ -496,7 +512,7 @@ def main(argv=None) -> int:
         shape, dtype = SHAPES[args.shape], torch.bfloat16
     args.batches = [int(b) for b in str(args.batches).split(",")]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    model = build_model(shape, device, dtype)
+    model = build_model(shape, device, dtype, args.layers)
     log(f"device {name}, model {sum(x.numel() for x in model.parameters()) / 1e9:.3f} B params, {dtype}")
     vocab = model.config.vocab_size
     rows = []

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The 35B-A3B measurement launch on one 4-GPU host (issue 20), everything in one detached session:
 #   1. side by side: the MoE checkpoint build (GPU 3), its dense twin's (GPU 1), the Megatron engine's GPU tests
-#      that cover what changed since their last run (GPU 0) and the hf engine's GPU tests not run since the
-#      decode attention kernel (GPU 2);
+#      that cover what changed since their last run (GPU 0), the hf engine's GPU tests not run since the decode
+#      attention kernel and the MoE decode benchmark with a profile (GPU 2);
 #   2. gpu_scale.sh's megatron part: EP 4, the dense twin, TP 2 x EP 2, steps 1-2 each without a save, at
 #      PROMPTS prompts x n=8 (default 64: 128 of the rollout's slots per GPU; the 16-prompt run left the
 #      rollout's fixed tail at 55 % of the step).
@@ -31,11 +31,17 @@ build() {  # GPU, extra gpu_scale.py arguments
 (CUDA_VISIBLE_DEVICES=0 timeout 280 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
     tests/workers/engine/test_megatron_qwen35_gpu.py -k "released or param_offload or resume" \
     > "$OUT/megatron_tests.log" 2>&1; echo "megatron engine tests: exit $?"; tail -3 "$OUT/megatron_tests.log") &
-(CUDA_VISIBLE_DEVICES=2 timeout 280 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
+(CUDA_VISIBLE_DEVICES=2 timeout 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
     tests/workers/rollout/test_hf_engine_gpu.py -k "greedy or varlen or session or cuda_graph" \
-    > "$OUT/hf_engine_tests.log" 2>&1; echo "hf engine tests: exit $?"; tail -3 "$OUT/hf_engine_tests.log") &
+    > "$OUT/hf_engine_tests.log" 2>&1; echo "hf engine tests: exit $?"; tail -3 "$OUT/hf_engine_tests.log"
+ # the MoE decode step on its own (7.0 ms at 32 slots in the 16-prompt run): bytes per step against the time,
+ # and the kernels of a profiled decode call
+ CUDA_VISIBLE_DEVICES=2 timeout 150 "$PY" benchmarks/bench_rollout.py --shape 35b-a3b --layers "$L" \
+    --batches 32,128 --cases fixed --skip-generate --vllm off --prompt-len 1024 --new-tokens 512 \
+    --profile /tmp/moe_prof > "$OUT/moe_decode.log" 2>&1; echo "moe decode bench: exit $?") &
 wait
 echo "=== side-by-side part done at $(date -u +%T)"
+grep -v '^\[transformers\]' "$OUT/moe_decode.log" | tail -40
 # --gpu-mem 0.9: with the optimizer on the GPU and the hf copy, 0.85 leaves room for barely 128 slots at 16 layers
 OUT="$OUT" MOE_LAYERS=$L PARTS=megatron STAGE=train \
     SCALE_ARGS="--prompts $PROMPTS --steps 3 --update-tokens 2.0 --no-save --gpu-mem 0.9" bash scripts/gpu_scale.sh

@@ -136,3 +136,22 @@ def test_decode_bytes_counts_weights_state_and_kv(tied):
     want += n_lin * b * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4 * 2
     want += n_full * b * ctx * cfg.num_key_value_heads * cfg.head_dim * 2 * 2
     assert rollout.decode_bytes(model, b, ctx, 4) == want
+
+
+def test_decode_bytes_reads_only_the_experts_a_batch_picks(monkeypatch):
+    """A MoE shape: the routed experts count at the expected share a batch's tokens pick (top-k of E each,
+    uniform), everything else as for a dense model; the 35b-a3b rollout shape is the scale script's."""
+    import bench_rollout as rollout
+
+    model = rollout.build_model("tiny_moe", "cpu", torch.bfloat16)
+    cfg = model.config
+    assert type(model).__name__ == "Qwen3_5MoeForCausalLM" and (cfg.num_experts, cfg.num_experts_per_tok) == (8, 2)
+    routed = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n) * 2  # bf16
+    assert routed
+    for b in (1, 3, 64):
+        moe = rollout.decode_bytes(model, b, 10, 4)
+        with monkeypatch.context() as m:
+            m.setattr(cfg, "num_experts", 0)  # as if every expert were read
+            every = rollout.decode_bytes(model, b, 10, 4)
+        assert moe == pytest.approx(every - routed * (1 - 2 / 8) ** b)
+    assert rollout.SHAPES["35b-a3b"] == "35b_a3b"
