@@ -34,8 +34,8 @@ build() {  # GPU, extra gpu_scale.py arguments
 (CUDA_VISIBLE_DEVICES=2 timeout 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
     tests/workers/rollout/test_hf_engine_gpu.py -k "greedy or varlen or session or cuda_graph" \
     > "$OUT/hf_engine_tests.log" 2>&1; echo "hf engine tests: exit $?"; tail -3 "$OUT/hf_engine_tests.log"
- # the MoE decode step on its own (7.0 ms at 32 slots in the 16-prompt run): bytes per step against the time,
- # and the kernels of a profiled decode call
+ # the MoE decode step on its own (7.0 ms at 32 slots in the 16-prompt run, 4 x H200, 2026-11-27): bytes per
+ # step against the time, and the kernels of a profiled decode call
  CUDA_VISIBLE_DEVICES=2 timeout 150 "$PY" benchmarks/bench_rollout.py --shape 35b-a3b --layers "$L" \
     --batches 32,128 --cases fixed --skip-generate --vllm off --prompt-len 1024 --new-tokens 512 \
     --profile /tmp/moe_prof > "$OUT/moe_decode.log" 2>&1; echo "moe decode bench: exit $?") &
