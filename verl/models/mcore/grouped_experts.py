@@ -15,8 +15,9 @@ without biases and defers to ``SequentialMLP`` otherwise, with one warning where
 Expert tensor parallelism needs nothing more: megatron-core's expert linears skip their own communication
 (``explicit_expert_comm``: the token dispatcher gathers the tokens over the expert-TP group before the experts and
 reduce-scatters the partial sums after them), so each rank's experts compute on their local shards alone, which
-is what the grouped GEMMs do (the fc1 shard's gate and up halves split in the middle, as ``MLP`` splits them). On CUDA torch fuses the grouped GEMM for bf16; other dtypes
-(the fp32 parity tests) run torch's own per-group loop, no slower than SequentialMLP's.
+is what the grouped GEMMs do (the fc1 shard's gate and up halves split in the middle, as ``MLP`` splits them).
+On CUDA torch fuses the grouped GEMM for bf16; other dtypes (the fp32 parity tests) run torch's own per-group
+loop, no slower than SequentialMLP's.
 """
 
 from __future__ import annotations

@@ -19,14 +19,14 @@ from .settings import MegatronSettings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BuildTimer", "build_ddp", "build_model_chunks", "build_optimizer", "build_scheduler", "init_parallel_state",
-           "optim_value"]
+__all__ = ["BuildTimer", "build_ddp", "build_model_chunks", "build_optimizer", "build_scheduler",
+           "init_parallel_state", "optim_value"]
 
 
 class BuildTimer:
     """Seconds per phase of building something, printed by global rank 0 as one line: where a large model's
-    start-up goes (the Qwen3.5-35B-A3B shape's Megatron launch spent about 5 minutes before its first step on
-    4 x H200, its dense twin about 1)."""
+    start-up goes (on 4 x H200, 2026-11-27, the Qwen3.5-35B-A3B shape's Megatron launch spent 285 s before its
+    first step, its dense twin 77 s)."""
 
     def __init__(self, what: str):
         import time
