@@ -19,7 +19,7 @@ PROMPTS="${PROMPTS:-64}"
 mkdir -p "$OUT"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
 L=$(( MIB < 100000 ? 8 : 16 ))
-echo "layers $L (card $MIB MiB), prompts $PROMPTS, commit $(git rev-parse --short HEAD 2>/dev/null)"
+echo "layers $L (card $MIB MiB), prompts $PROMPTS"
 nvidia-smi -L
 build() {  # GPU, extra gpu_scale.py arguments
     local gpu=$1; shift
