@@ -298,17 +298,23 @@ def _common(args, model_dir: Path, data: Path, ckpt: Path, steps: int, resume: b
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.entropy_coeff=0.01", "algorithm.adv_estimator=grpo",
-        *_profile_overrides(args),
+        *_profile_overrides(args, model_dir.parent / f"prof_{args.tp}x{args.ep}"),
     ]
 
 
-def _profile_overrides(args) -> list[str]:
+def _profile_overrides(args, where: Path) -> list[str]:
     """``--profile S``: a torch.profiler trace (host and device) of rank 0's actor worker in step S."""
     if not args.profile:
         return []
-    return ["global_profiler.tool=torch", f"global_profiler.steps=[{args.profile}]",
-            f"global_profiler.save_path={Path(args.workdir) / 'prof'}",
+    keys = ["global_profiler.tool=torch", f"global_profiler.steps=[{args.profile}]",
+            f"global_profiler.save_path={where}",
             "actor_rollout_ref.actor.profiler.enable=true", "actor_rollout_ref.actor.profiler.ranks=[0]"]
+    if args.profile_tasks:
+        # one trace per actor task (old log-prob, update), generation untraced; device events only, so that a
+        # step of 64 prompts stays a trace of tens of MB and the profiled step's timings stay close to a clean one
+        keys += ["actor_rollout_ref.actor.profiler.tool_config.torch.discrete=true",
+                 "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda]"]
+    return keys
 
 
 def fsdp_overrides(args, model_dir, data, ckpt, steps, resume) -> list[str]:
@@ -461,8 +467,9 @@ def run_case(args, shape: str, make) -> int:
     if args.profile and args.stage != "build":
         import trace_top_kernels
 
-        trace_top_kernels.main([str(Path(args.workdir) / "prof"), "--top", "30", "--window", "generate_sequences",
-                                "--window", "compute_log_prob", "--window", "update_actor"])
+        windows = [] if args.profile_tasks else ["--window", "generate_sequences", "--window", "compute_log_prob",
+                                                 "--window", "update_actor"]
+        trace_top_kernels.main([str(work / f"prof_{args.tp}x{args.ep}"), "--top", "30", *windows])
     done = [r["step"] for r in steps]
     want = list(range(1, args.steps if args.stage == "train" else args.steps + 1))
     ok = rc == 0 and done == want
@@ -525,6 +532,9 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default="/tmp/verl_scale")
     p.add_argument("--profile", type=int, default=0, metavar="STEP",
                    help="trace the actor's calls of this step (torch.profiler, rank 0) and print the top kernels")
+    p.add_argument("--profile-tasks", action="store_true",
+                   help="with --profile: one device-only trace per actor task (old log-prob, update; upstream's "
+                        "tool_config.torch.discrete), generation untraced")
     p.add_argument("--timeout", type=int, default=3000, help="seconds per main_ppo launch")
     p.add_argument("--gpu-mem", type=float, default=0.85,
                    help="rollout.gpu_memory_utilization: the share of the card the decode loop's slots may fill "

@@ -20,7 +20,8 @@
 #   then, one call each until it stops answering 124: bash scripts/gpu_detached.sh wait scale 560
 # Knobs: PARTS="versions mcore fsdp megatron", T_MCORE / T_FSDP / T_MEGATRON (seconds per part), GPUS (default: all),
 # MCORE_K (a pytest -k expression for the mcore part, e.g. moe), MOE_TP2=0 (the megatron part without TP 2 x EP),
-# MOE_TWIN=0 (without the dense twin),
+# MOE_TWIN=0 (without the dense twin), EP_ARGS / TWIN_ARGS (gpu_scale.py arguments for the EP case / the twin
+# alone, e.g. a profile),
 # MOE_LAYERS (default: 2 per GPU on 80 GB cards, 4 per GPU on larger ones: what fits beside the hf rollout's
 # full copy, see docs/advance/scale.md), OFFLOAD (optimizer offload; default 1 on 80 GB cards, where the 9B
 # update without it ran out of memory), SCALE_ARGS (more gpu_scale.py arguments; the defaults below are the
@@ -46,13 +47,13 @@ for p in $PARTS; do
     fsdp) run_part fsdp "${T_FSDP:-3000}" "$PY" scripts/gpu_scale.py fsdp --gpus "$GPUS" $OFF ${SCALE_ARGS:-} ;;
     megatron)
         run_part "megatron_ep$GPUS" "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
-            --ep "$GPUS" --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-}
+            --ep "$GPUS" --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-} ${EP_ARGS:-}
         # the other layouts are measured for their steps only (one launch, no save): the save and resume at
         # this shape are EP's
         only_steps=$([ "${STAGE:-}" = build ] || echo --stage train --no-save)
         if [ "${MOE_TWIN:-1}" = 1 ]; then  # the dense twin: the baseline of the update's time per token
             run_part megatron_dense_twin "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
-                --dense-twin --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-} $only_steps
+                --dense-twin --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-} $only_steps ${TWIN_ARGS:-}
         fi
         if [ "$GPUS" -ge 4 ] && [ "${MOE_TP2:-1}" = 1 ]; then
             run_part megatron_tp2 "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \

@@ -42,6 +42,12 @@ build() {  # GPU, extra gpu_scale.py arguments
 wait
 echo "=== side-by-side part done at $(date -u +%T)"
 grep -v '^\[transformers\]' "$OUT/moe_decode.log" | tail -40
-# --gpu-mem 0.9: with the optimizer on the GPU and the hf copy, 0.85 leaves room for barely 128 slots at 16 layers
-OUT="$OUT" MOE_LAYERS=$L PARTS=megatron STAGE=train \
+# --gpu-mem 0.9: with the optimizer on the GPU and the hf copy, 0.85 leaves room for barely 128 slots at 16 layers.
+# Step 2 of EP 4 and of the twin is also profiled (device events of rank 0's old log-prob and update, one trace
+# each): where the update's time per token over the dense twin's goes, kernel by kernel.
+# TORCH_LOGS=recompiles: whether torch.compile'd functions (megatron-core's jit_fuser) recompile in step 1, whose
+# EP 4 log-prob and update took 28 s and 114 s longer than step 2's on 2026-11-27 (4 x H200); the twin's did not.
+export TORCH_LOGS="${TORCH_LOGS:-recompiles}"
+PROF="--profile 2 --profile-tasks"
+OUT="$OUT" MOE_LAYERS=$L PARTS=megatron STAGE=train EP_ARGS="$PROF" TWIN_ARGS="$PROF" \
     SCALE_ARGS="--prompts $PROMPTS --steps 3 --update-tokens 2.0 --no-save --gpu-mem 0.9" bash scripts/gpu_scale.sh
