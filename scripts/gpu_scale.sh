@@ -9,7 +9,7 @@
 #             resumed step 4 (built-in rollout, EOS-calibrated long-tailed responses <= 4k, prompts ~1k, n=8)
 #   megatron  scripts/gpu_scale.py megatron: the 35B-A3B shape with MOE_LAYERS of its 40 layers on Megatron,
 #             EP=all GPUs, then its dense twin (same active parameters per token, data parallel), then TP=2 x
-#             EP=GPUs/2 (where the host has 4): the update's microseconds per token side by side
+#             EP=GPUs/2: the update's microseconds per token side by side
 #
 # Needs the wheels of ../shared/tools/gpu_wheels.sh --ray installed (fla, megatron-core, Hydra, tensordict, Ray):
 #   export PYTHONPATH=/tmp/site:$PWD; bash scripts/gpu_scale.sh
@@ -55,7 +55,7 @@ for p in $PARTS; do
             run_part megatron_dense_twin "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
                 --dense-twin --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-} $only_steps ${TWIN_ARGS:-}
         fi
-        if [ "$GPUS" -ge 4 ] && [ "${MOE_TP2:-1}" = 1 ]; then
+        if [ "$GPUS" -ge 2 ] && [ "${MOE_TP2:-1}" = 1 ]; then  # on 2 GPUs: TP 2 x EP 1 (experts split by ETP)
             run_part megatron_tp2 "${T_MEGATRON:-3000}" "$PY" scripts/gpu_scale.py megatron --gpus "$GPUS" \
                 --tp 2 --ep $(( GPUS / 2 )) --layers "$MOE_LAYERS" $OFF ${SCALE_ARGS:-} $only_steps
         fi ;;

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The 35B-A3B measurement launch on one 4-GPU host (issue 20), everything in one detached session:
-#   1. side by side: the MoE checkpoint build (GPU 3), its dense twin's (GPU 1), the Megatron engine's GPU tests
-#      that cover what changed since their last run (GPU 0), the hf engine's GPU tests not run since the decode
-#      attention kernel and the MoE decode benchmark with a profile (GPU 2);
-#   2. gpu_scale.sh's megatron part: EP 4, the dense twin, TP 2 x EP 2, steps 1-2 each without a save, at
-#      PROMPTS prompts x n=8 (default 64: 128 of the rollout's slots per GPU; the 16-prompt run left the
-#      rollout's fixed tail at 55 % of the step).
-# Layers: 16 on cards over 100 GB, else 8 (with optimizer offload, gpu_scale.sh's default there).
+# The 35B-A3B measurement launch on one host of 4 GPUs (or 2, where only 2 are lent; issue 20), everything in one
+# detached session:
+#   1. side by side: the MoE checkpoint build, its dense twin's, the Megatron engine's GPU tests that cover what
+#      changed since their last run (GPU 0), the hf engine's GPU tests not run since the decode attention kernel
+#      and the MoE decode benchmark with a profile (GPU 2 of 4, GPU 0 of 2);
+#   2. gpu_scale.sh's megatron part: EP = all GPUs, the dense twin, TP 2 x EP GPUs/2, steps 1-2 each without a
+#      save, at PROMPTS prompts x n=8 (default 16 per GPU: 128 of the rollout's slots per GPU; the 16-prompt
+#      run on 4 GPUs left the rollout's fixed tail at 55 % of the step).
+# Layers: 4 per GPU on cards over 100 GB (16 on 4 GPUs: the experts per GPU of 16 layers at EP 4), else 2 per GPU
+# (with optimizer offload, gpu_scale.sh's default there).
 #   export PYTHONPATH=/tmp/site:$PWD
 #   bash scripts/gpu_detached.sh start moe bash scripts/gpu_scale_moe.sh
 #   bash scripts/gpu_detached.sh wait moe 560     # one call each, back to back, until it stops answering 124
@@ -15,28 +17,29 @@ set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/moe_out}"
 PY="${PYTHON:-python3}"
-PROMPTS="${PROMPTS:-64}"
+N=$(nvidia-smi -L | wc -l)
+PROMPTS="${PROMPTS:-$(( 16 * N ))}"
 mkdir -p "$OUT"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
-L=$(( MIB < 100000 ? 8 : 16 ))
-echo "layers $L (card $MIB MiB), prompts $PROMPTS"
+L=$(( N * (MIB < 100000 ? 2 : 4) ))
+echo "layers $L (card $MIB MiB, $N GPUs), prompts $PROMPTS"
 nvidia-smi -L
 build() {  # GPU, extra gpu_scale.py arguments
     local gpu=$1; shift
-    CUDA_VISIBLE_DEVICES=$gpu "$PY" scripts/gpu_scale.py megatron --gpus 4 --layers "$L" --prompts "$PROMPTS" \
+    CUDA_VISIBLE_DEVICES=$gpu "$PY" scripts/gpu_scale.py megatron --gpus "$N" --layers "$L" --prompts "$PROMPTS" \
         --stage build "$@"
 }
-(build 3 --ep 4 > "$OUT/build_moe.log" 2>&1; echo "build moe: exit $?") &
-(build 1 --dense-twin > "$OUT/build_twin.log" 2>&1; echo "build twin: exit $?") &
+(build $(( N - 1 )) --ep "$N" > "$OUT/build_moe.log" 2>&1; echo "build moe: exit $?") &
+(build $(( 1 % N )) --dense-twin > "$OUT/build_twin.log" 2>&1; echo "build twin: exit $?") &
 (CUDA_VISIBLE_DEVICES=0 timeout 280 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
     tests/workers/engine/test_megatron_qwen35_gpu.py -k "released or param_offload or resume" \
     > "$OUT/megatron_tests.log" 2>&1; echo "megatron engine tests: exit $?"; tail -3 "$OUT/megatron_tests.log") &
-(CUDA_VISIBLE_DEVICES=2 timeout 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
+(CUDA_VISIBLE_DEVICES=$(( 2 % N )) timeout 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
     tests/workers/rollout/test_hf_engine_gpu.py -k "greedy or varlen or session or cuda_graph" \
     > "$OUT/hf_engine_tests.log" 2>&1; echo "hf engine tests: exit $?"; tail -3 "$OUT/hf_engine_tests.log"
  # the MoE decode step on its own (7.0 ms at 32 slots in the 16-prompt run, 4 x H200, 2026-11-27): bytes per
  # step against the time, and the kernels of a profiled decode call
- CUDA_VISIBLE_DEVICES=2 timeout 150 "$PY" benchmarks/bench_rollout.py --shape 35b-a3b --layers "$L" \
+ CUDA_VISIBLE_DEVICES=$(( 2 % N )) timeout 150 "$PY" benchmarks/bench_rollout.py --shape 35b-a3b --layers "$L" \
     --batches 32,128 --cases fixed --skip-generate --vllm off --prompt-len 1024 --new-tokens 512 \
     --profile /tmp/moe_prof > "$OUT/moe_decode.log" 2>&1; echo "moe decode bench: exit $?") &
 wait
