@@ -70,6 +70,21 @@ def test_grouped_experts_equal_the_sequential_loop(experts_pair, tokens_per_expe
         torch.testing.assert_close(gp_got[name], gp_want[name], atol=1e-5, rtol=1e-5, msg=name)
 
 
+def test_expert_gradients_arrive_without_a_copy_per_expert(experts_pair):
+    """Each expert's weight gradient is a contiguous slice of one stacked gradient (what autograd hands to the
+    parameter as is): no strided copy per expert and micro-batch before megatron-core's main_grad accumulation."""
+    _, grp = experts_pair
+    g = torch.Generator().manual_seed(2)
+    x, probs, tpe = torch.randn(12, 32, generator=g), torch.rand(12, generator=g), torch.tensor([3, 4, 0, 5])
+    grp.zero_grad(set_to_none=True)
+    out, _ = grp(x.requires_grad_(True), tpe, probs)
+    out.backward(torch.randn(out.shape, generator=g))
+    for proj in ("linear_fc1", "linear_fc2"):
+        grads = [getattr(e, proj).weight.grad for e in grp.local_experts]
+        assert all(gr.is_contiguous() for gr in grads)
+        assert len({gr.untyped_storage().data_ptr() for gr in grads}) == 1, proj  # views of one stacked gradient
+
+
 def _etp_rank(rank: int, port: int, out: str) -> None:
     """One of two CPU ranks with expert tensor parallelism 2: each holds half of every expert's FFN columns."""
     import os

@@ -8,9 +8,9 @@ Engine or the ``grouped_gemm`` extension, neither installable on the machines th
 
 :class:`GroupedGemmExperts` keeps ``SequentialMLP``'s parameters exactly (``local_experts.<i>.linear_fc1/fc2``:
 checkpoints, the weight converter, the distributed optimizer and expert-parallel sharding see no difference) and
-replaces the loop by ``torch._grouped_mm`` over the experts' weights stacked per forward (a copy of the local
-expert weights per layer, kept for backward: e.g. ~384 MB per layer for 64 local experts of Qwen3.5-35B-A3B in
-bf16). Gradients reach each expert's own parameters through the stack. It serves gated SiLU (SwiGLU) experts
+replaces the loop by ``torch._grouped_mm`` over the experts' weights stacked per forward (a contiguous copy of
+the local expert weights per layer, kept for backward: e.g. ~384 MB per layer for 64 local experts of
+Qwen3.5-35B-A3B in bf16; each expert's gradient comes back as a contiguous slice, in its parameter's layout). Gradients reach each expert's own parameters through the stack. It serves gated SiLU (SwiGLU) experts
 without biases and defers to ``SequentialMLP`` otherwise, with one warning where a CUDA run loses the fast path.
 Expert tensor parallelism needs nothing more: megatron-core's expert linears skip their own communication
 (``explicit_expert_comm``: the token dispatcher gathers the tokens over the expert-TP group before the experts and
@@ -71,12 +71,16 @@ class GroupedGemmExperts(SequentialMLP):
             if x.device.type == "cuda" and self.num_local_experts > 1:
                 _warn_once(reason)
             return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs)
-        # [E, in, out] row-major: each expert's weight transposed, stacked (one copy, differentiable)
-        w1 = torch.stack([e.linear_fc1.weight.t() for e in self.local_experts])
-        w2 = torch.stack([e.linear_fc2.weight.t() for e in self.local_experts])
+        # [E, out, in]: the experts' weights stacked as stored (one contiguous copy, differentiable); the grouped
+        # GEMM reads its transpose as a view. Stacking the transposes instead made the copy strided and, in
+        # backward, each expert's gradient a strided slice that autograd copied into the parameter's layout
+        # before megatron-core added it to main_grad: one more kernel per expert weight and micro-batch (54k in
+        # one update of 8 layers at EP 2, 6 % of its device time; 2 x H200, 2026-11-28).
+        w1 = torch.stack([e.linear_fc1.weight for e in self.local_experts])
+        w2 = torch.stack([e.linear_fc2.weight for e in self.local_experts])
         offs = torch.cumsum(torch.as_tensor(tokens_per_expert, device=x.device), 0).to(torch.int32)
-        h = torch._grouped_mm(x, w1, offs=offs)
+        h = torch._grouped_mm(x, w1.transpose(1, 2), offs=offs)
         gate, up = torch.chunk(h, 2, dim=-1)
         # megatron-core's MLP order: activation, then the routing probability per token, back to the input dtype
         h = (F.silu(gate) * up * permuted_probs.unsqueeze(-1)).to(x.dtype)
-        return torch._grouped_mm(h, w2, offs=offs), None
+        return torch._grouped_mm(h, w2.transpose(1, 2), offs=offs), None
