@@ -152,3 +152,32 @@ def test_mcore_value_model_leaves_the_lm_head_out(checkpoints):
     lm = mcore_state_for_rank(state, config)
     critic = mcore_state_for_rank(state, config, value=True)
     assert "output_layer.weight" in lm and set(lm) - set(critic) == {"output_layer.weight"}
+
+
+def test_safetensors_getter_reads_each_file_through_one_handle(tmp_path, monkeypatch):
+    """Tensors come back exactly from a checkpoint of several files, and each file is opened once however many
+    tensors are read (opening parses the file's whole header: per read, thousands of expert tensors made an
+    engine's weight load take tens of seconds)."""
+    import safetensors
+
+    from verl.models.mcore import weight_loading
+
+    parts = [{f"a.{i}.weight": torch.randn(3, 4) for i in range(5)},
+             {f"b.{i}.weight": torch.randn(2) for i in range(7)}]
+    for k, part in enumerate(parts):
+        safetensors.torch.save_file(part, str(tmp_path / f"model-{k}.safetensors"))
+    opened = []
+    real = safetensors.safe_open
+
+    def counting(path, *args, **kwargs):
+        opened.append(path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors, "safe_open", counting)
+    get = weight_loading.safetensors_getter(str(tmp_path))
+    before = len(opened)  # the index pass opens each file once
+    for part in parts:
+        for name, tensor in part.items():
+            assert torch.equal(get(name), tensor)
+            assert torch.equal(get(name), tensor)
+    assert len(opened) - before == len(parts)

@@ -10,8 +10,9 @@ Engine or the ``grouped_gemm`` extension, neither installable on the machines th
 checkpoints, the weight converter, the distributed optimizer and expert-parallel sharding see no difference) and
 replaces the loop by ``torch._grouped_mm`` over the experts' weights stacked per forward (a contiguous copy of
 the local expert weights per layer, kept for backward: e.g. ~384 MB per layer for 64 local experts of
-Qwen3.5-35B-A3B in bf16; each expert's gradient comes back as a contiguous slice, in its parameter's layout). Gradients reach each expert's own parameters through the stack. It serves gated SiLU (SwiGLU) experts
-without biases and defers to ``SequentialMLP`` otherwise, with one warning where a CUDA run loses the fast path.
+Qwen3.5-35B-A3B in bf16). Gradients reach each expert's own parameters through the stack, each a contiguous
+slice of one stacked gradient, in its parameter's layout. It serves gated SiLU (SwiGLU) experts without biases
+and defers to ``SequentialMLP`` otherwise, with one warning where a CUDA run loses the fast path.
 Expert tensor parallelism needs nothing more: megatron-core's expert linears skip their own communication
 (``explicit_expert_comm``: the token dispatcher gathers the tokens over the expert-TP group before the experts and
 reduce-scatters the partial sums after them), so each rank's experts compute on their local shards alone, which
