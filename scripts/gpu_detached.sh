@@ -10,7 +10,7 @@
 #   bash scripts/gpu_detached.sh stop NAME             end it (its whole session)
 #
 # e.g. start scale9b "$PY" scripts/gpu_scale.py fsdp --gpus 4 --stage train, then "wait scale9b 560" per call
-# until it stops answering 124. The environment of the start call (PYTHONPATH, ...) is the command's.
+# until it stops answering 124. The environment of the start call (PYTHONPATH, ...) is the command's, less OUT.
 # On the device machine (root) a 10-minute GRPO launch on 4 x H200 ran this way across two calls (2026-11-27). Its
 # README: where commands run as an ordinary user rather than root, every process of that user is ended after a
 # call, a new session too; the start call prints the user.
@@ -34,7 +34,9 @@ start)
     # The inner shell, once in its new session, writes its pid (the session's id) and, at the end, the exit
     # code, so a later call can tell "ended with N" from "still running". Holding the caller's stdout would
     # hold the call open until the command ends.
-    setsid bash -c 'echo $$ > "$3"; log=$1 rcf=$2; shift 3; "$@" > "$log" 2>&1
+    # Without OUT: the device tool points it at a folder it empties at the start of every call, so a command
+    # outliving its call would write its logs there and lose them (scripts fall back to their own folders).
+    setsid env -u OUT bash -c 'echo $$ > "$3"; log=$1 rcf=$2; shift 3; "$@" > "$log" 2>&1
                     echo $? > "$rcf.tmp" && mv "$rcf.tmp" "$rcf"' _ "$log" "$rcf" "$pidf" "$@" \
         < /dev/null > /dev/null 2>&1 &
     for _ in $(seq 50); do [[ -s $pidf ]] && break; sleep 0.1; done

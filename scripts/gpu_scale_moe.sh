@@ -12,7 +12,10 @@
 #   export PYTHONPATH=/tmp/site:$PWD
 #   bash scripts/gpu_detached.sh start moe bash scripts/gpu_scale_moe.sh
 #   bash scripts/gpu_detached.sh wait moe 560     # one call each, back to back, until it stops answering 124
-# Logs: $OUT (default /tmp/moe_out), checkpoints and metrics: /tmp/verl_scale.
+# Logs: $OUT (default /tmp/moe_out; gpu_detached.sh starts it without the device call's OUT, a folder emptied at
+# every call), checkpoints, metrics and traces: /tmp/verl_scale.
+# PROFILE=1: EP's and the twin's step 3 profiled as well (device events of rank 0's old log-prob and update, one
+# trace each; the trace's export runs inside the profiled call, so steps 1-2 stay the measured ones).
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/moe_out}"
@@ -34,7 +37,7 @@ build() {  # GPU, extra gpu_scale.py arguments
 (CUDA_VISIBLE_DEVICES=0 timeout 280 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
     tests/workers/engine/test_megatron_qwen35_gpu.py -k "released or param_offload or resume" \
     > "$OUT/megatron_tests.log" 2>&1; echo "megatron engine tests: exit $?"; tail -3 "$OUT/megatron_tests.log") &
-(CUDA_VISIBLE_DEVICES=$(( 2 % N )) timeout 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
+(CUDA_VISIBLE_DEVICES=$(( 2 % N )) timeout $(( N > 2 ? 150 : 300 )) "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
     tests/workers/rollout/test_hf_engine_gpu.py -k "greedy or varlen or session or cuda_graph" \
     > "$OUT/hf_engine_tests.log" 2>&1; echo "hf engine tests: exit $?"; tail -3 "$OUT/hf_engine_tests.log"
  # the MoE decode step on its own (7.0 ms at 32 slots in the 16-prompt run, 4 x H200, 2026-11-27): bytes per
@@ -46,11 +49,10 @@ wait
 echo "=== side-by-side part done at $(date -u +%T)"
 grep -v '^\[transformers\]' "$OUT/moe_decode.log" | tail -40
 # --gpu-mem 0.9: with the optimizer on the GPU and the hf copy, 0.85 leaves room for barely 128 slots at 16 layers.
-# Step 2 of EP 4 and of the twin is also profiled (device events of rank 0's old log-prob and update, one trace
-# each): where the update's time per token over the dense twin's goes, kernel by kernel.
-# TORCH_LOGS=recompiles: whether torch.compile'd functions (megatron-core's jit_fuser) recompile in step 1, whose
-# EP 4 log-prob and update took 28 s and 114 s longer than step 2's on 2026-11-27 (4 x H200); the twin's did not.
+# TORCH_LOGS=recompiles: whether torch.compile'd functions (megatron-core's jit_fuser) recompile; none did on
+# 2026-11-28 (2 x H200), when step 1's MoE update still took ~100 s more than step 2's.
 export TORCH_LOGS="${TORCH_LOGS:-recompiles}"
-PROF="--profile 2 --profile-tasks"
+STEPS=3 PROF=""
+if [ "${PROFILE:-0}" = 1 ]; then STEPS=4 PROF="--profile 3 --profile-tasks"; fi
 OUT="$OUT" MOE_LAYERS=$L PARTS=megatron STAGE=train EP_ARGS="$PROF" TWIN_ARGS="$PROF" \
-    SCALE_ARGS="--prompts $PROMPTS --steps 3 --update-tokens 2.0 --no-save --gpu-mem 0.9" bash scripts/gpu_scale.sh
+    SCALE_ARGS="--prompts $PROMPTS --steps $STEPS --update-tokens 2.0 --no-save --gpu-mem 0.9" bash scripts/gpu_scale.sh

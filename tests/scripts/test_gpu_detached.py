@@ -40,3 +40,14 @@ def test_stop_ends_the_session_and_wait_says_so(tmp_path):
         subprocess.run(["sleep", "0.1"])
     else:
         raise AssertionError("the detached session outlived stop")
+
+
+def test_the_command_does_not_inherit_out(tmp_path):
+    """The device tool's OUT is a folder it empties at every call: a command that outlives its call must not
+    write its logs there (the 2026-11-28 launch lost one so)."""
+    env = dict(os.environ, DETACHED_DIR=str(tmp_path), OUT=str(tmp_path / "call_out"), KEEP="kept")
+    started = subprocess.run(["bash", str(SCRIPT), "start", "env", "bash", "-c", 'echo "OUT=${OUT:-unset} $KEEP"'],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    done = _sh(tmp_path, "wait", "env", "30")
+    assert done.returncode == 0 and "OUT=unset kept" in done.stdout
