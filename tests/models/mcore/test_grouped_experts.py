@@ -85,6 +85,46 @@ def test_expert_gradients_arrive_without_a_copy_per_expert(experts_pair):
         assert len({gr.untyped_storage().data_ptr() for gr in grads}) == 1, proj  # views of one stacked gradient
 
 
+def _ddp_like(module):
+    """megatron-core DDP's view of each parameter: an fp32 ``main_grad``, the ``grad_added_to_main_grad`` flag
+    and its post-accumulation hook (add ``param.grad`` into ``main_grad`` unless the flag says it is there)."""
+    for p in module.parameters():
+        p.main_grad = torch.zeros_like(p, dtype=torch.float32)
+        p.grad_added_to_main_grad = False
+
+        def hook(param):
+            if param.grad is not None and not param.grad_added_to_main_grad:
+                param.main_grad.add_(param.grad)
+            param.grad = None
+
+        p.register_post_accumulate_grad_hook(hook)
+
+
+def test_expert_gradients_accumulate_into_main_grad_over_micro_batches(experts_pair, monkeypatch):
+    """Under DDP the grouped path adds each expert's gradient into its main_grad itself (a few multi-tensor adds
+    per projection, DDP's hook told to skip its own): over two micro-batches the main_grads equal the
+    SequentialMLP's, chunked adds included, and no gradient is left on the parameters."""
+    from verl.models.mcore import grouped_experts
+
+    monkeypatch.setattr(grouped_experts, "_ACCUMULATE_CHUNK", 3)  # 4 experts: a full chunk and a partial one
+    seq, grp = _pair()  # fresh ones (the fixture's keep no hooks), in the fixture's parallel state
+    _ddp_like(seq)
+    _ddp_like(grp)
+    g = torch.Generator().manual_seed(3)
+    for tpe in ([3, 4, 0, 5], [1, 0, 6, 2]):
+        n = sum(tpe)
+        x, probs, dy = torch.randn(n, 32, generator=g), torch.rand(n, generator=g), torch.randn(n, 32, generator=g)
+        for m in (seq, grp):
+            out, _ = m(x, torch.tensor(tpe), probs)
+            out.backward(dy)
+    assert all(p.grad_added_to_main_grad for p in grp.parameters())
+    assert not any(p.grad_added_to_main_grad for p in seq.parameters())  # the loop leaves it to the hook
+    for (name, a), (_, b) in zip(seq.named_parameters(), grp.named_parameters()):
+        assert b.grad is None
+        assert a.main_grad.abs().sum() > 0, name
+        torch.testing.assert_close(b.main_grad, a.main_grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
 def _etp_rank(rank: int, port: int, out: str) -> None:
     """One of two CPU ranks with expert tensor parallelism 2: each holds half of every expert's FFN columns."""
     import os

@@ -40,6 +40,47 @@ def _warn_once(reason: str) -> None:
                        "of one grouped GEMM: %s", reason)
 
 
+# Experts whose stacked gradient is cast to main_grad's dtype at a time (a transient copy of this many experts'
+# weights in fp32: 128 MB for 16 experts of Qwen3.5-35B-A3B's fc1).
+_ACCUMULATE_CHUNK = 16
+
+
+class _StackedExpertWeights(torch.autograd.Function):
+    """One projection's local expert weights as one [E, out, in] tensor (a contiguous copy).
+
+    Backward hands each expert its slice of the stacked gradient. Under megatron-core's DDP every parameter has
+    an fp32 ``main_grad`` that DDP's per-parameter hook adds ``param.grad`` into: one add per expert weight and
+    micro-batch (56k in one update of 8 layers at EP 2, 4 % of its device time and as many launches; 2 x H200,
+    2026-11-28). Here the slices go into the ``main_grad``s with a few multi-tensor adds per projection instead,
+    and ``grad_added_to_main_grad`` tells the hook to skip its own add, as megatron-core's fused weight-gradient
+    accumulation does; the parameters still receive the slices (views, no copy), so the hook still runs and
+    marks its buckets ready. Parameters without ``main_grad`` (no DDP: tests, a frozen reference) take the slices
+    as ordinary gradients."""
+
+    @staticmethod
+    def forward(ctx, *weights: torch.Tensor) -> torch.Tensor:
+        ctx.weights = weights  # leaf parameters: kept for their main_grad, not for their values
+        return torch.stack(weights)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        weights = ctx.weights
+        # contiguous slices are handed to the parameters as they are; strided ones autograd would copy one by one
+        grad = grad.contiguous()
+        slices = grad.unbind(0)
+        fused = all(getattr(w, "main_grad", None) is not None and hasattr(w, "grad_added_to_main_grad")
+                    and not getattr(w, "zero_out_wgrad", False) for w in weights)
+        if fused:
+            for i in range(0, len(weights), _ACCUMULATE_CHUNK):
+                part = weights[i: i + _ACCUMULATE_CHUNK]
+                cast = grad[i: i + len(part)].to(part[0].main_grad.dtype)
+                torch._foreach_add_([w.main_grad for w in part], list(cast.unbind(0)))
+            for w in weights:
+                w.grad_added_to_main_grad = True
+        ctx.weights = None
+        return slices
+
+
 class GroupedGemmExperts(SequentialMLP):
     """``SequentialMLP`` with the per-expert loop replaced by two grouped GEMMs (see the module docstring)."""
 
@@ -72,13 +113,13 @@ class GroupedGemmExperts(SequentialMLP):
             if x.device.type == "cuda" and self.num_local_experts > 1:
                 _warn_once(reason)
             return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs)
-        # [E, out, in]: the experts' weights stacked as stored (one contiguous copy, differentiable); the grouped
-        # GEMM reads its transpose as a view. Stacking the transposes instead made the copy strided and, in
-        # backward, each expert's gradient a strided slice that autograd copied into the parameter's layout
-        # before megatron-core added it to main_grad: one more kernel per expert weight and micro-batch (54k in
-        # one update of 8 layers at EP 2, 6 % of its device time; 2 x H200, 2026-11-28).
-        w1 = torch.stack([e.linear_fc1.weight for e in self.local_experts])
-        w2 = torch.stack([e.linear_fc2.weight for e in self.local_experts])
+        # [E, out, in]: the experts' weights stacked as stored (one contiguous copy); the grouped GEMM reads its
+        # transpose as a view. Stacking the transposes instead made the copy strided and, in backward, each
+        # expert's gradient a strided slice that autograd copied into the parameter's layout: one more kernel
+        # per expert weight and micro-batch (54k in one update of 8 layers at EP 2, 6 % of its device time;
+        # 2 x H200, 2026-11-28).
+        w1 = _StackedExpertWeights.apply(*[e.linear_fc1.weight for e in self.local_experts])
+        w2 = _StackedExpertWeights.apply(*[e.linear_fc2.weight for e in self.local_experts])
         offs = torch.cumsum(torch.as_tensor(tokens_per_expert, device=x.device), 0).to(torch.int32)
         h = torch._grouped_mm(x, w1.transpose(1, 2), offs=offs)
         gate, up = torch.chunk(h, 2, dim=-1)
