@@ -1,7 +1,7 @@
 """The Megatron engine's weight export (verl/workers/engine/megatron/weights.py) on CPU ranks (gloo, megatron-core's
 parallel state): routed experts move over the expert-parallel group in runs of consecutive tensors, one
-collective per run, and the HF tensors that come out equal the checkpoint's exactly whatever the run size, at
-EP 2, PP 2 x EP 2 and TP 2 x EP 2. Needs megatron-core (skipped where it does not import: the CPU CI; runs on
+collective per run (over expert-TP too), and the HF tensors that come out equal the checkpoint's exactly whatever
+the run size, at EP 2, PP 2 x EP 2 and TP 2 x EP 2. Needs megatron-core (skipped where it does not import: the CPU CI; runs on
 the GPU machine and on a CPU with megatron-core's source on PYTHONPATH)."""
 
 from __future__ import annotations
@@ -56,16 +56,17 @@ def _rank(rank: int, world: int, port: int, sizes: dict, ckpt: str, out: str) ->
                              settings=SimpleNamespace(tp=sizes["tp"], pp=sizes["pp"], ep=sizes["ep"], etp=None,
                                                       vpp=None),
                              role_spec=SimpleNamespace(value_head=False))
-    ep_group = ps.get_expert_model_parallel_group()
+    ep_group, etp_group = ps.get_expert_model_parallel_group(), ps.get_expert_tensor_parallel_group()
     real_all_gather, results = dist.all_gather, {}
     # every expert tensor alone (the old walk), runs of two that split a layer's experts, one run per layer
     # (a run's bytes count its tensors gathered over expert-TP: TP x this rank's shard)
     pair = 2 * sizes["tp"] * max(t.numel() * t.element_size() for n, t in shard.items() if conv.is_expert_param(n))
     for cap in (0, pair, 1 << 30):
-        counts = {"ep": 0}
+        counts = {"ep": 0, "etp": 0}
 
         def counting(parts, tensor, group=None, **kw):
             counts["ep"] += group is ep_group
+            counts["etp"] += group is etp_group and sizes["tp"] > 1
             return real_all_gather(parts, tensor, group=group, **kw)
 
         weights.EXPERT_RUN_BYTES = cap
@@ -74,7 +75,7 @@ def _rank(rank: int, world: int, port: int, sizes: dict, ckpt: str, out: str) ->
             got = {n: t.clone() for n, t in weights.iter_hf_weights(engine)}
         finally:
             dist.all_gather = real_all_gather
-        results[len(results)] = dict(tensors=got, ep_gathers=counts["ep"])
+        results[len(results)] = dict(tensors=got, ep_gathers=counts["ep"], etp_gathers=counts["etp"])
     torch.save(results, f"{out}.{rank}")
     dist.destroy_process_group()
 
@@ -115,3 +116,6 @@ def test_export_in_expert_runs_reproduces_the_checkpoint(moe_checkpoint, sizes, 
         # one gather over EP per expert tensor; half as many in pairs; one per layer (4 layers / PP stages)
         counts = [results[i]["ep_gathers"] for i in range(3)]
         assert counts == [16 // sizes["pp"], 8 // sizes["pp"], 4 // sizes["pp"]], counts
+        # the same runs over expert-TP where it splits the experts
+        etp = [results[i]["etp_gathers"] for i in range(3)]
+        assert etp == (counts if sizes["tp"] > 1 else [0, 0, 0]), etp

@@ -27,8 +27,8 @@ from verl.utils.megatron_utils import unwrap_model
 # ``engine`` arguments are the MegatronEngine (verl.workers.engine.megatron.engine), which calls in here; its
 # name is only written in annotations so that this module does not import the engine back.
 
-__all__ = ["build_hf_module", "iter_hf_weights", "layout_of", "load_dist_model", "load_initial_weights", "loses_precision",
-           "seed_master_weights", "sync_hf_module"]
+__all__ = ["build_hf_module", "iter_hf_weights", "layout_of", "load_dist_model", "load_initial_weights",
+           "loses_precision", "seed_master_weights", "sync_hf_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -229,8 +229,8 @@ def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, tor
     etp_group = ps.get_expert_tensor_parallel_group()
     ep_group = ps.get_expert_model_parallel_group() if s.ep > 1 else None
 
-    def gathered(local: str, vp: int, expert: bool, dim: Optional[int]) -> torch.Tensor:
-        parts = _gather_over(export_data(by_local[(vp, local)][2]), etp_group if expert else tp_group, dim)
+    def gathered(local: str, vp: int, dim: Optional[int]) -> torch.Tensor:  # a dense parameter, over TP
+        parts = _gather_over(export_data(by_local[(vp, local)][2]), tp_group, dim)
         return parts[0] if dim is None else torch.cat(parts, dim=dim)
 
     for stage, meta in enumerate(all_meta):
@@ -238,17 +238,18 @@ def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, tor
         for run in _runs(meta, EXPERT_RUN_BYTES):
             local, glob, expert, dim, shape, dtype, vp = run[0]
             if not expert:
-                full = gathered(local, vp, expert, dim) if stage == my_pp else torch.empty(
+                full = gathered(local, vp, dim) if stage == my_pp else torch.empty(
                     shape, dtype=getattr(torch, dtype), device=device)
                 if src is not None:
                     dist.broadcast(full, src=src, group=pp_group)
                 yield glob, full
                 continue
-            # A run of routed experts, flattened into one buffer: one gather over EP (the same local slot on
+            # A run of routed experts, flattened into one buffer: one gather over expert-TP (shards side by side
+            # per rank, each tensor then joined along its partition dim), one over EP (the same local slot on
             # every expert rank is a different global expert), one broadcast per expert rank between stages.
             sizes = [math.prod(e[4]) for e in run]
             if stage == my_pp:
-                flat = torch.cat([gathered(e[0], e[6], True, e[3]).reshape(-1) for e in run])
+                flat = torch.cat([t.reshape(-1) for t in _joined_over_etp(run, by_local, etp_group)])
                 per_ep = _gather_over(flat, ep_group, None)
             else:
                 per_ep = [torch.empty(sum(sizes), dtype=getattr(torch, dtype), device=device)
@@ -263,6 +264,21 @@ def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, tor
                         local, engine.hf_config, layout, pp_rank=stage, vp_stage=vp, ep_rank=ep_rank)
                     yield name, t[offset: offset + n].view(shape)
                 offset += n
+
+
+def _joined_over_etp(run: list[tuple], by_local: dict, etp_group) -> list[torch.Tensor]:
+    """This rank's expert tensors of ``run`` gathered over expert-TP with one collective: the local shards
+    flattened into one buffer, gathered, and each tensor's shards joined along its partition dim."""
+    shards = [export_data(by_local[(e[6], e[0])][2]) for e in run]
+    if (dist.get_world_size(etp_group) if etp_group is not None else 1) == 1:
+        return shards
+    per_rank = _gather_over(torch.cat([t.reshape(-1) for t in shards]), etp_group, None)
+    joined, offset = [], 0
+    for e, t in zip(run, shards):
+        parts = [p[offset: offset + t.numel()].view(t.shape) for p in per_rank]
+        joined.append(parts[0] if e[3] is None else torch.cat(parts, dim=e[3]))
+        offset += t.numel()
+    return joined
 
 
 def _with_vp(engine, entries):
