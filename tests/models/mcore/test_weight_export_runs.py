@@ -1,8 +1,8 @@
 """The Megatron engine's weight export (verl/workers/engine/megatron/weights.py) on CPU ranks (gloo, megatron-core's
 parallel state): routed experts move over the expert-parallel group in runs of consecutive tensors, one
 collective per run (over expert-TP too), and the HF tensors that come out equal the checkpoint's exactly whatever
-the run size, at EP 2, PP 2 x EP 2 and TP 2 x EP 2. Needs megatron-core (skipped where it does not import: the CPU CI; runs on
-the GPU machine and on a CPU with megatron-core's source on PYTHONPATH)."""
+the run size, at EP 2, PP 2 x EP 2 and TP 2 x EP 2. Needs megatron-core (skipped where it does not import: the
+CPU CI; runs on the GPU machine and on a CPU with megatron-core's source on PYTHONPATH)."""
 
 from __future__ import annotations
 
