@@ -6,14 +6,14 @@ builds its chunk-local state with the model's weight converter.
 Export (rollout weight sync, HF checkpoints): every rank walks the same ordered list of parameters; a
 parameter is gathered over its tensor (or expert-tensor) group, over the expert-parallel group for routed
 experts (each expert rank owns different experts; consecutive expert tensors share one flat buffer and one
-collective), and broadcast from the pipeline stage that holds it.
+collective per group), and broadcast from the pipeline stage that holds it.
 The converter turns each gathered mcore tensor into HF names and layouts. All ranks end up with every HF
 tensor, in the same order, so a colocated rollout on each rank can load it.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import logging
 import math
@@ -179,23 +179,34 @@ def _gather_over(tensor: torch.Tensor, group, dim: Optional[int]) -> list[torch.
     return parts
 
 
-# Routed experts move over the expert-parallel group (and between pipeline stages) in runs of consecutive
-# tensors of one dtype, up to this many bytes of one rank's, not one collective per tensor: per tensor, a sync of
-# Qwen3.5-35B-A3B at 16 layers and EP 4 issued 2,048 all-gathers and took 3.5 s (4 x H200, 2026-11-27). A run
-# costs this much again per expert rank while its tensors are handed out.
+# Routed experts move over the expert-TP and expert-parallel groups (and between pipeline stages) in runs of
+# consecutive tensors of one dtype, up to this many bytes gathered over expert-TP, not one collective per tensor:
+# per tensor, a sync of Qwen3.5-35B-A3B at 16 layers and EP 4 issued 2,048 all-gathers and took 3.5 s
+# (4 x H200, 2026-11-27). A run costs this much again per expert rank while its tensors are handed out.
 EXPERT_RUN_BYTES = 128 << 20
 
 
-def _runs(meta: list[tuple], cap: int) -> list[list[tuple]]:
-    """``meta`` (entries as :func:`_gathered_mcore_tensors` shares them) in what moves together: every other
-    parameter alone; consecutive routed-expert entries of one dtype up to ``cap`` bytes of gathered size."""
-    runs: list[list[tuple]] = []
+class _Meta(NamedTuple):
+    """One exported parameter as every pipeline stage learns it (picklable: sent with all_gather_object)."""
+
+    local: str  # chunk-local name
+    glob: str  # global mcore name (this rank's experts numbered globally)
+    expert: bool  # a routed expert's (gathered over expert-TP and EP)
+    dim: Optional[int]  # partition dim over TP / expert-TP; None when replicated
+    shape: tuple  # gathered over TP / expert-TP
+    dtype: str  # torch dtype name
+    vp: int  # virtual pipeline stage
+
+
+def _runs(meta: list[_Meta], cap: int) -> list[list[_Meta]]:
+    """``meta`` in what moves together: every other parameter alone; consecutive routed-expert entries of one
+    dtype up to ``cap`` bytes of gathered size."""
+    runs: list[list[_Meta]] = []
     size = 0
     for e in meta:
-        expert, shape, dtype = e[2], e[4], e[5]
-        nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
+        nbytes = math.prod(e.shape) * getattr(torch, e.dtype).itemsize
         last = runs[-1] if runs else None
-        if expert and last is not None and last[0][2] and last[0][5] == dtype and size + nbytes <= cap:
+        if e.expert and last is not None and last[0].expert and last[0].dtype == e.dtype and size + nbytes <= cap:
             last.append(e)
             size += nbytes
         else:
@@ -215,7 +226,7 @@ def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, tor
     pp_group = ps.get_pipeline_model_parallel_group() if s.pp > 1 else None
     entries = _param_entries(engine)
     # Every pipeline stage learns what the others hold (names, shapes, dtypes), in stage order.
-    mine = [(local, glob, expert, dim, shape, str(p.dtype).split(".")[-1], vp)
+    mine = [_Meta(local, glob, expert, dim, shape, str(p.dtype).split(".")[-1], vp)
             for vp, (local, glob, p, expert, dim, shape) in _with_vp(engine, entries)]
     if pp_group is not None:
         all_meta = [None] * s.pp
@@ -223,60 +234,60 @@ def _gathered_mcore_tensors(engine: "MegatronEngine") -> Iterator[tuple[str, tor
     else:
         all_meta = [mine]
     my_pp = ps.get_pipeline_model_parallel_rank()
-    by_local = {(vp, e[0]): e for vp, e in _with_vp(engine, entries)}
+    params = {(vp, e[0]): e[2] for vp, e in _with_vp(engine, entries)}  # (vp, local name) -> this rank's param
     device = entries[0][2].device if entries else torch.device("cuda", torch.cuda.current_device())
     tp_group = ps.get_tensor_model_parallel_group()
     etp_group = ps.get_expert_tensor_parallel_group()
     ep_group = ps.get_expert_model_parallel_group() if s.ep > 1 else None
 
     def gathered(local: str, vp: int, dim: Optional[int]) -> torch.Tensor:  # a dense parameter, over TP
-        parts = _gather_over(export_data(by_local[(vp, local)][2]), tp_group, dim)
+        parts = _gather_over(export_data(params[(vp, local)]), tp_group, dim)
         return parts[0] if dim is None else torch.cat(parts, dim=dim)
 
     for stage, meta in enumerate(all_meta):
         src = dist.get_global_rank(pp_group, stage) if pp_group is not None else None
         for run in _runs(meta, EXPERT_RUN_BYTES):
-            local, glob, expert, dim, shape, dtype, vp = run[0]
-            if not expert:
-                full = gathered(local, vp, dim) if stage == my_pp else torch.empty(
-                    shape, dtype=getattr(torch, dtype), device=device)
+            first = run[0]
+            if not first.expert:
+                full = gathered(first.local, first.vp, first.dim) if stage == my_pp else torch.empty(
+                    first.shape, dtype=getattr(torch, first.dtype), device=device)
                 if src is not None:
                     dist.broadcast(full, src=src, group=pp_group)
-                yield glob, full
+                yield first.glob, full
                 continue
             # A run of routed experts, flattened into one buffer: one gather over expert-TP (shards side by side
             # per rank, each tensor then joined along its partition dim), one over EP (the same local slot on
             # every expert rank is a different global expert), one broadcast per expert rank between stages.
-            sizes = [math.prod(e[4]) for e in run]
+            sizes = [math.prod(e.shape) for e in run]
             if stage == my_pp:
-                flat = torch.cat([t.reshape(-1) for t in _joined_over_etp(run, by_local, etp_group)])
+                flat = torch.cat([t.reshape(-1) for t in _joined_over_etp(run, params, etp_group)])
                 per_ep = _gather_over(flat, ep_group, None)
             else:
-                per_ep = [torch.empty(sum(sizes), dtype=getattr(torch, dtype), device=device)
+                per_ep = [torch.empty(sum(sizes), dtype=getattr(torch, first.dtype), device=device)
                           for _ in range(s.ep if ep_group is not None else 1)]
             if src is not None:
                 for t in per_ep:
                     dist.broadcast(t, src=src, group=pp_group)
             offset = 0
-            for (local, glob, _, _, shape, _, vp), n in zip(run, sizes):
+            for e, n in zip(run, sizes):
                 for ep_rank, t in enumerate(per_ep):
-                    name = glob if ep_group is None else conv.global_mcore_name(
-                        local, engine.hf_config, layout, pp_rank=stage, vp_stage=vp, ep_rank=ep_rank)
-                    yield name, t[offset: offset + n].view(shape)
+                    name = e.glob if ep_group is None else conv.global_mcore_name(
+                        e.local, engine.hf_config, layout, pp_rank=stage, vp_stage=e.vp, ep_rank=ep_rank)
+                    yield name, t[offset: offset + n].view(e.shape)
                 offset += n
 
 
-def _joined_over_etp(run: list[tuple], by_local: dict, etp_group) -> list[torch.Tensor]:
+def _joined_over_etp(run: list[_Meta], params: dict, etp_group) -> list[torch.Tensor]:
     """This rank's expert tensors of ``run`` gathered over expert-TP with one collective: the local shards
     flattened into one buffer, gathered, and each tensor's shards joined along its partition dim."""
-    shards = [export_data(by_local[(e[6], e[0])][2]) for e in run]
+    shards = [export_data(params[(e.vp, e.local)]) for e in run]
     if (dist.get_world_size(etp_group) if etp_group is not None else 1) == 1:
         return shards
     per_rank = _gather_over(torch.cat([t.reshape(-1) for t in shards]), etp_group, None)
     joined, offset = [], 0
     for e, t in zip(run, shards):
         parts = [p[offset: offset + t.numel()].view(t.shape) for p in per_rank]
-        joined.append(parts[0] if e[3] is None else torch.cat(parts, dim=e[3]))
+        joined.append(parts[0] if e.dim is None else torch.cat(parts, dim=e.dim))
         offset += t.numel()
     return joined
 
