@@ -17,7 +17,11 @@ run_part() {
     SECS[$name]=$((SECONDS - t0))
     # vLLM's INFO lines and transformers' load chatter would push the result out of the tail
     grep -v '^\[transformers\]\|^INFO \|^(EngineCore' "$OUT/$name.log" | tail -n "${TAIL:-40}"
-    echo "################ [$name] exit ${RC[$name]} after ${SECS[$name]}s"
+    # Triton's and TileLang's on-disk kernel caches grow when a part compiles (a first launch on a fresh machine
+    # compiles fla's kernels in its first step: ~100 s more than step 2 on 2026-11-28, 2 x H200, not later ones)
+    echo "################ [$name] exit ${RC[$name]} after ${SECS[$name]}s; kernel caches: Triton" \
+        "$(ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null | wc -l), TileLang" \
+        "$(ls "${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}" 2>/dev/null | wc -l) entries"
 }
 
 parts_summary() {
