@@ -4,9 +4,10 @@
 #   1. side by side: the MoE checkpoint build, its dense twin's, the Megatron engine's GPU tests that cover what
 #      changed since their last run (GPU 0), the hf engine's GPU tests not run since the decode attention kernel
 #      and the MoE decode benchmark with a profile (GPU 2 of 4, GPU 0 of 2);
-#   2. gpu_scale.sh's megatron part: EP = all GPUs, the dense twin, TP 2 x EP GPUs/2, steps 1-2 each without a
-#      save, at PROMPTS prompts x n=8 (default 16 per GPU: 128 of the rollout's slots per GPU; the 16-prompt
-#      run on 4 GPUs left the rollout's fixed tail at 55 % of the step).
+#   2. gpu_scale.sh's megatron part: EP = all GPUs and the dense twin (MOE_TP2=1: then TP 2 x EP GPUs/2), steps
+#      1-2 each without a save, at PROMPTS prompts x n=8 (default 32 per GPU: 256 of the rollout's slots per
+#      GPU, the 9B's batch where its generation share met the goal; at 128 slots per GPU the MoE's was 36-44 % on
+#      2 x H200, 2026-11-28, its log-normal tail leaving ~30 slots live).
 # Layers: 4 per GPU on cards over 100 GB (16 on 4 GPUs: the experts per GPU of 16 layers at EP 4), else 2 per GPU
 # (with optimizer offload, gpu_scale.sh's default there).
 #   export PYTHONPATH=/tmp/site:$PWD
@@ -21,7 +22,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/moe_out}"
 PY="${PYTHON:-python3}"
 N=$(nvidia-smi -L | wc -l)
-PROMPTS="${PROMPTS:-$(( 16 * N ))}"
+PROMPTS="${PROMPTS:-$(( 32 * N ))}"
 mkdir -p "$OUT"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
 L=$(( N * (MIB < 100000 ? 2 : 4) ))
@@ -37,7 +38,8 @@ build() {  # GPU, extra gpu_scale.py arguments
 (CUDA_VISIBLE_DEVICES=0 timeout 280 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
     tests/workers/engine/test_megatron_qwen35_gpu.py -k "released or param_offload or resume" \
     > "$OUT/megatron_tests.log" 2>&1; echo "megatron engine tests: exit $?"; tail -3 "$OUT/megatron_tests.log") &
-(CUDA_VISIBLE_DEVICES=$(( 2 % N )) timeout $(( N > 2 ? 150 : 300 )) "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
+(CUDA_VISIBLE_DEVICES=$(( 2 % N )) timeout $(( N > 2 ? 150 : 300 )) "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+    -rsfE \
     tests/workers/rollout/test_hf_engine_gpu.py -k "greedy or varlen or session or cuda_graph" \
     > "$OUT/hf_engine_tests.log" 2>&1; echo "hf engine tests: exit $?"; tail -3 "$OUT/hf_engine_tests.log"
  # the MoE decode step on its own (7.0 ms at 32 slots in the 16-prompt run, 4 x H200, 2026-11-27): bytes per
@@ -54,5 +56,5 @@ grep -v '^\[transformers\]' "$OUT/moe_decode.log" | tail -40
 export TORCH_LOGS="${TORCH_LOGS:-recompiles}"
 STEPS=3 PROF=""
 if [ "${PROFILE:-0}" = 1 ]; then STEPS=4 PROF="--profile 3 --profile-tasks"; fi
-OUT="$OUT" MOE_LAYERS=$L PARTS=megatron STAGE=train EP_ARGS="$PROF" TWIN_ARGS="$PROF" \
+OUT="$OUT" MOE_LAYERS=$L PARTS=megatron STAGE=train EP_ARGS="$PROF" TWIN_ARGS="$PROF" MOE_TP2="${MOE_TP2:-0}" \
     SCALE_ARGS="--prompts $PROMPTS --steps $STEPS --update-tokens 2.0 --no-save --gpu-mem 0.9" bash scripts/gpu_scale.sh
