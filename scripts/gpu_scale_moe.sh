@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The 35B-A3B measurement launch on one host of 4 GPUs (or 2, where only 2 are lent; issue 20), everything in one
 # detached session:
-#   1. side by side: the MoE checkpoint build, its dense twin's, the Megatron engine's GPU tests that cover what
-#      changed since their last run (GPU 0), the hf engine's GPU tests not run since the decode attention kernel
-#      and the MoE decode benchmark with a profile (GPU 2 of 4, GPU 0 of 2);
+#   1. side by side: the MoE checkpoint build, its dense twin's, the Megatron engine's GPU tests (train steps,
+#      export, offload, resume of tiny dense and MoE models: the grouped experts' main_grad accumulation and the
+#      export's expert runs, changed since their last run; GPU 0), the hf engine's GPU tests not run since the
+#      decode attention kernel and the MoE decode benchmark with a profile (GPU 2 of 4, GPU 0 of 2);
 #   2. gpu_scale.sh's megatron part: EP = all GPUs and the dense twin (MOE_TP2=1: then TP 2 x EP GPUs/2), steps
 #      1-2 each without a save, at PROMPTS prompts x n=8 (default 32 per GPU: 256 of the rollout's slots per
 #      GPU, the 9B's batch where its generation share met the goal; at 128 slots per GPU the MoE's was 36-44 % on
@@ -35,12 +36,11 @@ build() {  # GPU, extra gpu_scale.py arguments
 }
 (build $(( N - 1 )) --ep "$N" > "$OUT/build_moe.log" 2>&1; echo "build moe: exit $?") &
 (build $(( 1 % N )) --dense-twin > "$OUT/build_twin.log" 2>&1; echo "build twin: exit $?") &
-(CUDA_VISIBLE_DEVICES=0 timeout 280 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
-    tests/workers/engine/test_megatron_qwen35_gpu.py -k "released or param_offload or resume" \
+(CUDA_VISIBLE_DEVICES=0 timeout 330 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rsfE \
+    tests/workers/engine/test_megatron_qwen35_gpu.py \
     > "$OUT/megatron_tests.log" 2>&1; echo "megatron engine tests: exit $?"; tail -3 "$OUT/megatron_tests.log") &
-(CUDA_VISIBLE_DEVICES=$(( 2 % N )) timeout $(( N > 2 ? 150 : 300 )) "$PY" -m pytest -q -m gpu -p no:cacheprovider \
-    -rsfE \
-    tests/workers/rollout/test_hf_engine_gpu.py -k "greedy or varlen or session or cuda_graph" \
+(CUDA_VISIBLE_DEVICES=$(( 2 % N )) timeout $(( N > 2 ? 150 : 330 )) "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+    -rsfE tests/workers/rollout/test_hf_engine_gpu.py -k "greedy or varlen or session or cuda_graph" \
     > "$OUT/hf_engine_tests.log" 2>&1; echo "hf engine tests: exit $?"; tail -3 "$OUT/hf_engine_tests.log"
  # the MoE decode step on its own (7.0 ms at 32 slots in the 16-prompt run, 4 x H200, 2026-11-27): bytes per
  # step against the time, and the kernels of a profiled decode call
