@@ -8,7 +8,8 @@
 #   2. gpu_scale.sh's megatron part: EP = all GPUs and the dense twin (MOE_TP2=1: then TP 2 x EP GPUs/2), steps
 #      1-2 each without a save, at PROMPTS prompts x n=8 (default 32 per GPU: 256 of the rollout's slots per
 #      GPU, the 9B's batch where its generation share met the goal; at 128 slots per GPU the MoE's was 36-44 % on
-#      2 x H200, 2026-11-28, its log-normal tail leaving ~30 slots live).
+#      2 x H200, 2026-11-28, its log-normal tail leaving ~30 slots live; 32 % at 256 slots per GPU on 2 x H100,
+#      4 layers, OFFLOAD=0, the same day: ~800 s for the whole launch).
 # Layers: 4 per GPU on cards over 100 GB (16 on 4 GPUs: the experts per GPU of 16 layers at EP 4), else 2 per GPU
 # (with optimizer offload, gpu_scale.sh's default there).
 #   export PYTHONPATH=/tmp/site:$PWD
