@@ -8,20 +8,23 @@ case ":${PYTHONPATH:-}:" in *":$PWD:"*) ;; *) export PYTHONPATH="${PYTHONPATH:+$
 PY="${PYTHON:-python3}"
 declare -A RC SECS
 
+kernel_caches() {  # Triton's and TileLang's on-disk kernel caches: they grow when a part compiles
+    echo "kernel caches: Triton $(ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null | wc -l)," \
+        "TileLang $(ls "${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}" 2>/dev/null | wc -l) entries"
+}
+
 run_part() {
     local name=$1 limit=$2; shift 2
-    echo "################ [$name] $(date -u +%H:%M:%S) limit ${limit}s: $*"
+    echo "################ [$name] $(date -u +%H:%M:%S) limit ${limit}s, $(kernel_caches): $*"
     local t0=$SECONDS
     timeout --signal=INT --kill-after=20 "$limit" "$@" > "$OUT/$name.log" 2>&1
     RC[$name]=$?
     SECS[$name]=$((SECONDS - t0))
     # vLLM's INFO lines and transformers' load chatter would push the result out of the tail
     grep -v '^\[transformers\]\|^INFO \|^(EngineCore' "$OUT/$name.log" | tail -n "${TAIL:-40}"
-    # Triton's and TileLang's on-disk kernel caches grow when a part compiles (a first launch on a fresh machine
-    # compiles fla's kernels in its first step: ~100 s more than step 2 on 2026-11-28, 2 x H200, not later ones)
-    echo "################ [$name] exit ${RC[$name]} after ${SECS[$name]}s; kernel caches: Triton" \
-        "$(ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" 2>/dev/null | wc -l), TileLang" \
-        "$(ls "${TILELANG_CACHE_DIR:-$HOME/.tilelang/cache}" 2>/dev/null | wc -l) entries"
+    # before and after: a first launch on a fresh machine compiles fla's kernels in its first step (~100 s more
+    # than step 2 on 2026-11-28, 2 x H200 and 2 x H100, not in later launches)
+    echo "################ [$name] exit ${RC[$name]} after ${SECS[$name]}s; $(kernel_caches)"
 }
 
 parts_summary() {
