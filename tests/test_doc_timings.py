@@ -50,8 +50,11 @@ def _blocks(path: Path) -> list[tuple[int, str, str]]:
             stack[-1][1].extend(para)
             para.clear()
 
+    in_fence = False  # a shell comment in a fenced block ("# then ...") is code, not a Markdown heading
     for number, line in enumerate(lines, 1):
-        md_heading = re.match(r"(#+)\s", line) if path.suffix == ".md" else None
+        if path.suffix == ".md" and line.lstrip().startswith("```"):
+            in_fence = not in_fence
+        md_heading = re.match(r"(#+)\s", line) if path.suffix == ".md" and not in_fence else None
         rst_underline = path.suffix == ".rst" and re.fullmatch(r"[=\-~^]{4,}", line.strip() or "x")
         if md_heading or rst_underline:
             title = line if md_heading else (para.pop() if para else "")
@@ -100,3 +103,12 @@ def test_the_check_finds_unlabelled_timings(tmp_path, monkeypatch):
     script.write_text("#!/bin/bash\n# first call ~3 minutes\nsleep 5\n# 2026-11-21, one H200: 100 s\n")
     assert [p.split(":")[1] for p in _unlabelled(doc)] == ["1", "3", "17"]
     assert [p.split(":")[1] for p in _unlabelled(script)] == ["2"]
+
+
+def test_a_shell_comment_in_a_code_block_is_not_a_heading(tmp_path, monkeypatch):
+    # "# then ..." inside ``` once reset the section, so every timing after the block lost its dated heading
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    doc = tmp_path / "a.md"
+    doc.write_text("## Measured on one H100 (2026-11-28)\n\n```bash\nrun a\n# then\nrun b\n```\n\nStep 2: 19.0 s.\n\n"
+                   "# New top section\n\nIt took 5 s.\n")
+    assert [p.split(":")[1] for p in _unlabelled(doc)] == ["13"]
